@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs the Debian packages gpustitch builds and tests with. Idempotent; run as root (or with
+# sudo available). The CUDA toolkit itself (headers only are needed) is expected under
+# /usr/local/cuda or wherever CMake's FindCUDAToolkit looks.
+set -euo pipefail
+pkgs=(
+  build-essential cmake ninja-build pkg-config clang clang-format
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libspdlog-dev libfmt-dev libboost-dev libunwind-dev nlohmann-json3-dev libcli11-dev
+  libsystemd-dev systemd dpkg-dev file python3
+)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""
+  [[ $(id -u) -ne 0 ]] && SUDO=sudo
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+echo "install-deps: all build and test packages present"
