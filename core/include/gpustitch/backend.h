@@ -1,0 +1,59 @@
+// The driver backend: the handful of virtual-memory operations the pool needs.
+//
+// Data flows one way: hook -> pool -> backend. The pool owns all policy; a backend only performs
+// operations and reports failures. Two implementations exist: CudaBackend (the CUDA driver's
+// virtual memory management API, resolved at run time from libcuda.so.1) and SimBackend (host
+// memory: a physical handle is a memfd, a reservation a PROT_NONE mapping, a map an
+// mmap(MAP_FIXED|MAP_SHARED) of the memfd, so a stitched range really aliases its pieces).
+//
+// Every method is noexcept and thread-safe; failures are reported as Status, never thrown.
+#pragma once
+
+#include <span>
+
+#include "gpustitch/types.h"
+
+namespace gpustitch {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual const char* name() const noexcept = 0;
+  virtual int device_count() noexcept = 0;
+
+  // Allocation granularity (cuMemGetAllocationGranularity, recommended). Sizes, offsets and
+  // addresses passed to create/map/reserve are multiples of it.
+  virtual std::size_t granularity(int device) noexcept = 0;
+
+  // Whether map() accepts a non-zero offset into a handle. Decides whether a free piece of a
+  // partly used handle can be stitched, or only whole free handles.
+  virtual bool supports_map_offset(int device) noexcept = 0;
+
+  // Free and total physical memory of the device as the driver sees it.
+  virtual Status mem_info(int device, std::size_t* free, std::size_t* total) noexcept = 0;
+
+  // Virtual address reservations (cuMemAddressReserve / cuMemAddressFree).
+  virtual Status reserve(int device, std::size_t size, DevPtr* out) noexcept = 0;
+  virtual Status unreserve(DevPtr ptr, std::size_t size) noexcept = 0;
+
+  // Physical memory (cuMemCreate / cuMemRelease).
+  virtual Status create(int device, std::size_t size, PhysHandle* out) noexcept = 0;
+  virtual Status release(PhysHandle handle) noexcept = 0;
+
+  // Map size bytes of handle, starting at offset, at ptr (cuMemMap). unmap takes exactly a range
+  // that one map() call created (cuMemUnmap cannot unmap a sub-range).
+  virtual Status map(DevPtr ptr, std::size_t size, PhysHandle handle,
+                     std::size_t offset) noexcept = 0;
+  virtual Status unmap(DevPtr ptr, std::size_t size) noexcept = 0;
+
+  // Make [ptr, ptr+size) readable and writable from each device in devices (cuMemSetAccess).
+  virtual Status set_access(DevPtr ptr, std::size_t size,
+                            std::span<const int> devices) noexcept = 0;
+
+  // Block until all work queued on the device before the call has completed. Called only off the
+  // allocation fast path (the reclaimer thread, or an allocation that would otherwise fail).
+  virtual Status synchronize(int device) noexcept = 0;
+};
+
+}  // namespace gpustitch

@@ -1,0 +1,65 @@
+// Configuration, parsed from GPUSTITCH_CONF in PYTORCH_CUDA_ALLOC_CONF's style:
+//   GPUSTITCH_CONF="max_split_size_mb:512,release_threshold_mb:4096,stitching:on"
+//
+// Policy on bad input: every problem (unknown key, malformed value) produces one message naming
+// the key; the offending entry is ignored, every other entry still applies, and the program
+// continues. Nothing in here throws or aborts.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gpustitch/types.h"
+
+namespace gpustitch {
+
+enum class BackendKind { automatic, cuda, sim };
+
+struct Config {
+  // --- allocator core -----------------------------------------------------------------------
+  BackendKind backend = BackendKind::automatic;  // backend:cuda|sim|auto
+  // Cached blocks at least this large are never split, and are used only for requests at least
+  // this large (PyTorch's max_split_size_mb). SIZE_MAX = no limit.
+  std::size_t max_split_size = SIZE_MAX;           // max_split_size_mb
+  // Idle cached physical memory above this is handed back to the driver. SIZE_MAX = keep all
+  // (cached memory is still released before an out-of-memory is reported).
+  std::size_t release_threshold = SIZE_MAX;        // release_threshold_mb
+  std::size_t small_limit = 1 * MiB;               // small_limit_kb: below, size-class chunks
+  std::size_t cap = 0;                             // cap_mb: most physical memory per device
+  double cap_fraction = 0.0;                       // cap_fraction: of the device's total
+  bool stitching = true;                           // stitching:on|off
+  // --- simulated backend --------------------------------------------------------------------
+  std::size_t sim_capacity = 80 * GiB;             // sim_capacity_mb
+  std::size_t sim_granularity = 2 * MiB;           // sim_granularity_kb
+  int sim_devices = 1;                             // sim_devices
+  bool sim_map_offset = true;                      // sim_map_offset:on|off
+  // --- layers above the core (preload shim, statistics, tracing) ----------------------------
+  bool enabled = true;                             // enable:on|off (shim passes everything through)
+  bool ipc_native = false;                         // ipc:native|pool
+  std::string trace_path;                          // trace:PATH
+  std::string log_level = "warn";                  // log_level:trace|debug|info|warn|error|off
+  bool publish = true;                             // publish:on|off (shared-memory statistics)
+  unsigned publish_interval_ms = 100;              // publish_interval_ms
+  std::size_t sites_min_size = 0;                  // sites_min_mb: capture stacks at/above (0=off)
+  unsigned sites_sample = 0;                       // sites_sample: capture 1 in K (0=off)
+  bool coop = true;                                // coop:on|off (cooperative release)
+  unsigned coop_wait_ms = 50;                      // coop_wait_ms
+};
+
+struct ConfigResult {
+  Config config;
+  std::vector<std::string> errors;  // one human-readable line per rejected entry
+};
+
+// Parses text on top of base. Never throws.
+ConfigResult parse_config(std::string_view text, const Config& base = Config{});
+
+// parse_config(getenv("GPUSTITCH_CONF")).
+ConfigResult config_from_env();
+
+// The keys parse_config knows, for --help output and documentation.
+std::vector<std::string_view> config_keys();
+
+}  // namespace gpustitch

@@ -1,0 +1,81 @@
+// The stitching pool: the public face of the allocator core. See pool.cpp for the design.
+#pragma once
+
+#include <memory>
+
+#include "gpustitch/backend.h"
+#include "gpustitch/config.h"
+#include "gpustitch/stats.h"
+#include "gpustitch/types.h"
+
+namespace gpustitch {
+
+struct BlockInfo {
+  DevPtr base = 0;           // start of the live allocation
+  std::size_t size = 0;      // size the caller asked for
+  std::size_t rounded = 0;   // size reserved for it
+  int device = -1;
+  Stream stream = kAnyStream;  // stream it was allocated on (kAnyStream for cudaMalloc)
+};
+
+class DevicePool;
+
+class Pool {
+ public:
+  // backend must outlive the pool. observer may be null; it must outlive the pool.
+  Pool(Backend& backend, Config config, PoolObserver* observer = nullptr);
+  ~Pool();
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+
+  // Allocates size bytes (size 0 gives a unique non-null pointer of the smallest class) on device.
+  // stream = kAnyStream for cudaMalloc semantics, a stream for cudaMallocAsync semantics.
+  // Returns ok, out_of_memory (only when free physical memory is really short), invalid_device,
+  // or not_initialized.
+  Status allocate(int device, std::size_t size, Stream stream, DevPtr* out) noexcept;
+
+  // Frees a pointer allocate() returned. stream = kAnyStream for cudaFree semantics (reusable
+  // after device work queued so far completes), a stream for cudaFreeAsync semantics (reusable at
+  // once by that stream). Returns invalid_value for a pointer the pool does not own.
+  Status deallocate(DevPtr ptr, Stream stream = kAnyStream) noexcept;
+
+  // Whether ptr lies in a live allocation of the pool; fills out if so (interior pointers too).
+  bool find(DevPtr ptr, BlockInfo* out = nullptr) const noexcept;
+
+  // Releases idle cached physical memory of device back to the driver (all of it, after waiting
+  // for pending frees). Returns the bytes released.
+  std::size_t trim(int device) noexcept;
+
+  // Makes every present and future mapping of device's pool accessible from peer too.
+  Status grant_peer_access(int device, int peer) noexcept;
+
+  // What an allocation can really get: free = driver free (within the cap) + pool cached.
+  Status mem_info(int device, std::size_t* free, std::size_t* total) noexcept;
+
+  // Snapshot of device's statistics (refreshes device_free/largest_possible).
+  DeviceStats stats(int device) const noexcept;
+
+  // Waits until every pending free has been fenced and is reusable (tests, trim, shutdown).
+  void drain_pending(int device) noexcept;
+
+  int device_count() const noexcept { return device_count_; }
+  const Config& config() const noexcept { return config_; }
+  Backend& backend() const noexcept { return backend_; }
+
+  // fork() support: prepare takes every lock, parent/child release them; the child also stops
+  // using the reclaimer thread (it does not exist there).
+  void atfork_prepare() noexcept;
+  void atfork_parent() noexcept;
+  void atfork_child() noexcept;
+
+ private:
+  DevicePool* device(int device) const noexcept;
+
+  Backend& backend_;
+  Config config_;
+  PoolObserver* observer_;
+  int device_count_ = 0;
+  std::unique_ptr<std::unique_ptr<DevicePool>[]> devices_;
+};
+
+}  // namespace gpustitch

@@ -1,0 +1,76 @@
+// Simulated backend on host memory, so that every path of the pool runs without a GPU.
+//
+// A physical handle is a memfd (sparse: untouched pages cost no RAM), an address reservation a
+// PROT_NONE anonymous mapping, map() an mmap(MAP_FIXED|MAP_SHARED) of the memfd at an offset, and
+// set_access() an mprotect to read/write. A stitched range therefore really aliases its physical
+// pieces: bytes written through one view read back through another.
+//
+// Device capacity is an accounting limit, so an 80 GiB device can be simulated on a small machine
+// as long as tests touch only a few bytes per block. Fault injection makes the Nth call of any
+// operation fail, to test rollback.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "gpustitch/backend.h"
+
+namespace gpustitch {
+
+struct SimOptions {
+  int devices = 1;
+  std::size_t capacity = 80 * GiB;     // per device
+  std::size_t granularity = 2 * MiB;
+  bool map_offset = true;              // whether map() accepts a non-zero handle offset
+};
+
+enum class SimOp : int {
+  reserve, unreserve, create, release, map, unmap, set_access, synchronize, mem_info, count_
+};
+
+class SimBackend final : public Backend {
+ public:
+  explicit SimBackend(SimOptions options = {});
+  ~SimBackend() override;
+
+  const char* name() const noexcept override { return "sim"; }
+  int device_count() noexcept override { return options_.devices; }
+  std::size_t granularity(int device) noexcept override;
+  bool supports_map_offset(int device) noexcept override;
+  Status mem_info(int device, std::size_t* free, std::size_t* total) noexcept override;
+  Status reserve(int device, std::size_t size, DevPtr* out) noexcept override;
+  Status unreserve(DevPtr ptr, std::size_t size) noexcept override;
+  Status create(int device, std::size_t size, PhysHandle* out) noexcept override;
+  Status release(PhysHandle handle) noexcept override;
+  Status map(DevPtr ptr, std::size_t size, PhysHandle handle, std::size_t offset) noexcept override;
+  Status unmap(DevPtr ptr, std::size_t size) noexcept override;
+  Status set_access(DevPtr ptr, std::size_t size, std::span<const int> devices) noexcept override;
+  Status synchronize(int device) noexcept override;
+
+  // --- test controls ---------------------------------------------------------------------------
+  // The nth call (1 = the next one) of op from now fails with status. 0 disarms.
+  void fail_nth(SimOp op, std::uint64_t nth, Status status = Status::out_of_memory) noexcept;
+  // Every call of op fails while set.
+  void fail_always(SimOp op, bool on, Status status = Status::out_of_memory) noexcept;
+  std::uint64_t calls(SimOp op) const noexcept;
+  // Memory used by someone else (another process): reduces what create() can get.
+  void set_external_usage(int device, std::size_t bytes) noexcept;
+  // While held, synchronize() blocks: models device work still running after a free.
+  void hold_device(bool held) noexcept;
+
+  // --- leak accounting -------------------------------------------------------------------------
+  std::size_t used(int device) const noexcept;  // bytes in live handles
+  std::size_t live_handles() const noexcept;
+  std::size_t live_reservations() const noexcept;
+  std::size_t live_mappings() const noexcept;
+
+ private:
+  struct State;
+  Status check_fault(SimOp op) noexcept;
+  SimOptions options_;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace gpustitch

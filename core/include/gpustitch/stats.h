@@ -1,0 +1,91 @@
+// Statistics kept by the pool, per device, and the observer interface through which layers above
+// (shared-memory publisher, tracer, allocation-site sampler) watch it.
+//
+// Counters are plain integers updated under the owning device's lock (or per thread cache and
+// merged on snapshot), so keeping them always on costs a few adds per operation.
+#pragma once
+
+#include <cstdint>
+
+#include "gpustitch/types.h"
+
+namespace gpustitch {
+
+// Bucket i holds sizes in [2^(i+9), 2^(i+10)) bytes: bucket 0 is < 1 KiB (512 B and below fall
+// there too), bucket 31 is >= 1 TiB.
+inline constexpr int kHistogramBuckets = 32;
+int histogram_bucket(std::size_t size) noexcept;
+
+struct DeviceStats {
+  // Live allocations.
+  std::uint64_t bytes_requested = 0;  // as asked by callers
+  std::uint64_t bytes_allocated = 0;  // after rounding ("allocated" in PyTorch's terms)
+  std::uint64_t live_blocks = 0;
+  // Physical memory held from the driver ("reserved"), and how it is used.
+  std::uint64_t bytes_reserved = 0;
+  std::uint64_t bytes_cached = 0;   // reserved but not allocated (includes pending)
+  std::uint64_t bytes_pending = 0;  // freed, waiting for device work to finish before reuse
+  std::uint64_t bytes_mapped = 0;   // virtual address space mapped (stitched views alias pieces)
+  std::uint64_t handles = 0;        // physical handles held
+  std::uint64_t views = 0;          // mapped address ranges (fresh + stitched)
+  std::uint64_t largest_free_block = 0;  // largest cached block usable without stitching
+  std::uint64_t largest_possible = 0;    // largest allocation that can succeed now
+  std::uint64_t peak_allocated = 0;
+  std::uint64_t peak_reserved = 0;
+  std::uint64_t device_free = 0;   // driver's free memory at the last query
+  std::uint64_t device_total = 0;
+  // Event counts since start.
+  std::uint64_t allocs = 0;
+  std::uint64_t frees = 0;
+  std::uint64_t cache_hits = 0;   // served from cached memory (large blocks and small chunks)
+  std::uint64_t fresh = 0;        // served by creating a new physical handle
+  std::uint64_t stitches = 0;     // served by stitching cached pieces into a new range
+  std::uint64_t stitched_bytes = 0;
+  std::uint64_t trims = 0;        // trim passes that released memory
+  std::uint64_t trimmed_bytes = 0;
+  std::uint64_t ooms = 0;
+  std::uint64_t hist_allocs[kHistogramBuckets] = {};  // allocations since start, by size
+  std::uint64_t hist_live[kHistogramBuckets] = {};    // live allocations now, by size
+
+  // 1 - allocated/reserved: the figure users already quote from PyTorch.
+  double fragmentation() const noexcept {
+    return bytes_reserved == 0 ? 0.0
+                               : 1.0 - static_cast<double>(bytes_allocated) /
+                                           static_cast<double>(bytes_reserved);
+  }
+};
+
+// How an allocation was served.
+enum class ServedBy : std::uint8_t { cache = 0, fresh = 1, stitched = 2, small = 3 };
+const char* to_string(ServedBy s) noexcept;
+
+enum class EventKind : std::uint32_t { oom = 1, stitch = 2, trim = 3, release = 4 };
+
+struct PoolEvent {
+  EventKind kind;
+  int device;
+  std::uint64_t time_ns;           // CLOCK_REALTIME
+  std::uint64_t size;              // oom: requested; stitch: stitched size; trim: bytes released
+  std::uint64_t device_free;       // driver free memory at the time
+  std::uint64_t cached;            // pool cached bytes at the time
+  std::uint64_t largest_possible;  // oom: largest allocation that could have succeeded
+  std::uint64_t pieces;            // stitch: pieces stitched; trim: handles released
+  double fragmentation;
+};
+
+// Watches the pool. Callbacks run on the calling thread, outside the pool's locks, and must be
+// cheap and must not call back into the pool's allocate/deallocate.
+class PoolObserver {
+ public:
+  virtual ~PoolObserver() = default;
+  virtual void on_allocate(int device, DevPtr ptr, std::size_t size, Stream stream,
+                           ServedBy how) noexcept {
+    (void)device, (void)ptr, (void)size, (void)stream, (void)how;
+  }
+  virtual void on_free(int device, DevPtr ptr, std::size_t size, Stream stream) noexcept {
+    (void)device, (void)ptr, (void)size, (void)stream;
+  }
+  virtual void on_event(const PoolEvent& event) noexcept { (void)event; }
+};
+
+}  // namespace gpustitch
