@@ -1,0 +1,40 @@
+// gpustitch: the companion CLI. Subcommands register themselves (see command.h).
+#include <algorithm>
+#include <iostream>
+#include <map>
+
+#include "command.h"
+
+namespace gpustitch::cli {
+std::vector<CommandSpec>& registry() {
+  static std::vector<CommandSpec> commands;
+  return commands;
+}
+}  // namespace gpustitch::cli
+
+int main(int argc, char** argv) {
+  using namespace gpustitch::cli;
+  CLI::App app{"gpustitch: a GPU allocator that stitches scattered free memory, and its tools"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string(GPUSTITCH_VERSION));
+  GlobalOptions global;
+  auto& commands = registry();
+  std::sort(commands.begin(), commands.end(),
+            [](const CommandSpec& a, const CommandSpec& b) { return a.name < b.name; });
+  std::map<CLI::App*, std::function<int()>> runners;
+  for (auto& spec : commands) {
+    CLI::App* sub = app.add_subcommand(spec.name, spec.description);
+    sub->add_flag("--json", global.json, "Print machine-readable JSON");
+    runners[sub] = spec.setup(*sub, global);
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? kOk : kUsage;
+  }
+  for (auto& [sub, run] : runners) {
+    if (sub->parsed()) return run();
+  }
+  return kUsage;
+}
