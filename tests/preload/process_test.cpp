@@ -1,0 +1,136 @@
+// Process-level behaviour of libgpustitch.so: what a user sees on stderr and how the program runs
+// when there is no driver, when the configuration says so, and at exit. Each test runs the probe
+// program (probe.cpp) under LD_PRELOAD with its own environment.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+struct Result {
+  int status = -1;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Runs the probe with exactly these variables (plus PATH).
+Result run_probe(std::vector<std::string> env) {
+  static int n = 0;
+  std::string base = std::string(::testing::TempDir()) + "gpustitch_probe_" +
+                     std::to_string(getpid()) + "_" + std::to_string(n++);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, (base + ".out").c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
+  posix_spawn_file_actions_addopen(&fa, 2, (base + ".err").c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
+  env.push_back("PATH=/usr/bin:/bin");
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::string prog = PROBE_PATH;
+  char* argv[] = {prog.data(), const_cast<char*>("alloc"), nullptr};
+  pid_t pid = 0;
+  Result r;
+  if (posix_spawn(&pid, prog.c_str(), &fa, nullptr, argv, envp.data()) == 0) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  posix_spawn_file_actions_destroy(&fa);
+  r.out = slurp(base + ".out");
+  r.err = slurp(base + ".err");
+  return r;
+}
+
+const std::string kPreload = std::string("LD_PRELOAD=") + SHIM_PATH;
+const std::string kBothLibs = std::string("LD_LIBRARY_PATH=") + RUNTIME_DIR + ":" + DRIVER_DIR;
+const std::string kRuntimeOnly = std::string("LD_LIBRARY_PATH=") + RUNTIME_DIR;
+
+int count_lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+TEST(Process, NoDriverRunsNativelyWithOneWarningLine) {
+  Result r = run_probe({kPreload, kRuntimeOnly});
+  ASSERT_EQ(r.status, 0) << r.err;
+  // The runtime's own answer without a driver (cudaErrorInsufficientDriver), untouched.
+  EXPECT_NE(r.out.find("active=0 malloc_rc=35 owned=0"), std::string::npos) << r.out;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_EQ(r.err.rfind("gpustitch: ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find("natively"), std::string::npos) << r.err;
+}
+
+TEST(Process, DriverWithoutVirtualMemoryRunsNatively) {
+  // The fake driver has no cuMemCreate & co: the CUDA backend cannot start.
+  Result r = run_probe({kPreload, kBothLibs, "GPUSTITCH_CONF=backend:auto"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("active=0 malloc_rc=0 owned=0"), std::string::npos) << r.out;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+}
+
+TEST(Process, SummaryAtExitWithLogLevelInfo) {
+  Result r = run_probe({kPreload, kBothLibs, "GPUSTITCH_CONF=backend:sim,log_level:info"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("active=1 malloc_rc=0 owned=1"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("gpustitch: summary device 0: allocs 2,"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("OOMs 0"), std::string::npos) << r.err;
+}
+
+TEST(Process, QuietByDefault) {
+  Result r = run_probe({kPreload, kBothLibs, "GPUSTITCH_CONF=backend:sim"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("active=1"), std::string::npos) << r.out;
+  // Only the IPC refusal (an error the program caused) is logged.
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("ipc:native"), std::string::npos) << r.err;
+}
+
+TEST(Process, BadConfigurationEntriesAreReportedOnceAndTheRestApplies) {
+  Result r = run_probe({kPreload, kBothLibs, "GPUSTITCH_CONF=backend:sim,no_such_key:1"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("active=1"), std::string::npos) << r.out;
+  std::size_t first = r.err.find("no_such_key");
+  ASSERT_NE(first, std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("no_such_key", first + 1), std::string::npos) << r.err;
+}
+
+TEST(Process, DisabledPassesEverythingThrough) {
+  Result r = run_probe({kPreload, kBothLibs, "GPUSTITCH_CONF=backend:sim,enable:off"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("active=0 malloc_rc=0 owned=0 ipc_rc=0 async_rc=0 async_owned=0"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.err, "");
+}
+
+TEST(Process, IpcNativeKeepsCudaMallocNativeAndServesItOnce) {
+  Result r = run_probe({kPreload, kBothLibs, "GPUSTITCH_CONF=backend:sim,ipc:native"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  // cudaMalloc went to the real runtime and the real driver exactly once (the driver hook saw it
+  // under the passthrough guard); cudaIpcGetMemHandle works on it; stream-ordered memory is pooled.
+  EXPECT_NE(r.out.find("active=1 malloc_rc=0 owned=0 ipc_rc=0 async_rc=0 async_owned=1 "
+                       "driver_allocs=1 pool_allocs=1"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.err, "");
+}
+
+}  // namespace
