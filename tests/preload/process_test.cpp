@@ -2,71 +2,21 @@
 // when there is no driver, when the configuration says so, and at exit. Each test runs the probe
 // program (probe.cpp) under LD_PRELOAD with its own environment.
 #include <gtest/gtest.h>
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <fstream>
-#include <sstream>
 #include <string>
-#include <vector>
 
-extern char** environ;
+#include "subprocess.h"
 
 namespace {
 
-struct Result {
-  int status = -1;
-  std::string out, err;
-};
+using subprocess::count_lines;
+using subprocess::Result;
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-// Runs the probe with exactly these variables (plus PATH).
-Result run_probe(std::vector<std::string> env) {
-  static int n = 0;
-  std::string base = std::string(::testing::TempDir()) + "gpustitch_probe_" +
-                     std::to_string(getpid()) + "_" + std::to_string(n++);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, (base + ".out").c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                   0644);
-  posix_spawn_file_actions_addopen(&fa, 2, (base + ".err").c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                   0644);
-  env.push_back("PATH=/usr/bin:/bin");
-  std::vector<char*> envp;
-  for (auto& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  std::string prog = PROBE_PATH;
-  char* argv[] = {prog.data(), const_cast<char*>("alloc"), nullptr};
-  pid_t pid = 0;
-  Result r;
-  if (posix_spawn(&pid, prog.c_str(), &fa, nullptr, argv, envp.data()) == 0) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-  posix_spawn_file_actions_destroy(&fa);
-  r.out = slurp(base + ".out");
-  r.err = slurp(base + ".err");
-  return r;
-}
+Result run_probe(std::vector<std::string> env) { return subprocess::run({PROBE_PATH, "alloc"}, env); }
 
 const std::string kPreload = std::string("LD_PRELOAD=") + SHIM_PATH;
 const std::string kBothLibs = std::string("LD_LIBRARY_PATH=") + RUNTIME_DIR + ":" + DRIVER_DIR;
 const std::string kRuntimeOnly = std::string("LD_LIBRARY_PATH=") + RUNTIME_DIR;
-
-int count_lines(const std::string& s) {
-  int n = 0;
-  for (char c : s) n += c == '\n';
-  return n;
-}
 
 TEST(Process, NoDriverRunsNativelyWithOneWarningLine) {
   Result r = run_probe({kPreload, kRuntimeOnly});
