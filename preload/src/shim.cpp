@@ -13,8 +13,7 @@
 #include <string>
 
 #include "gpustitch/config.h"
-#include "gpustitch/cuda_backend.h"
-#include "gpustitch/sim_backend.h"
+#include "gpustitch/backend_factory.h"
 #include "observer_fanout.h"
 #include "observers.h"
 #include "real_api.h"
@@ -87,19 +86,15 @@ void fork_child() noexcept {
   g_init_mutex.unlock();
 }
 
-std::unique_ptr<Backend> make_backend(const Config& config, spdlog::logger& lg) {
-  if (config.backend == BackendKind::sim) {
-    SimOptions o;
-    o.devices = config.sim_devices;
-    o.capacity = config.sim_capacity;
-    o.granularity = config.sim_granularity;
-    o.map_offset = config.sim_map_offset;
-    return std::make_unique<SimBackend>(o);
-  }
+// The configured backend (backend:sim for tests; cuda/auto: the driver, reached only through
+// resolve_real_driver so the backend never calls a hook). Null, after one warning line, when the
+// driver cannot be used.
+std::unique_ptr<Backend> create_backend(const Config& config, spdlog::logger& lg) {
   std::string why;
-  auto backend = make_cuda_backend(&why, &resolve_real_driver, nullptr);
+  auto backend = make_backend(config, &why, &resolve_real_driver, nullptr);
   if (!backend) {
-    lg.warn("{}; running natively, allocations are not pooled", why.empty() ? "no CUDA driver" : why);
+    lg.warn("{}; running natively, allocations are not pooled",
+            why.empty() ? "CUDA driver unavailable" : why);
   }
   return backend;
 }
@@ -118,7 +113,7 @@ void initialize() noexcept {
       g_state.store(State::native, std::memory_order_release);
       return;
     }
-    std::unique_ptr<Backend> backend = make_backend(*g_config, lg);
+    std::unique_ptr<Backend> backend = create_backend(*g_config, lg);
     if (!backend) {
       g_state.store(State::native, std::memory_order_release);
       return;
