@@ -83,4 +83,12 @@ TEST(Process, IpcNativeKeepsCudaMallocNativeAndServesItOnce) {
   EXPECT_EQ(r.err, "");
 }
 
+TEST(Process, PluggableAllocatorWithoutPreload) {
+  Result r = subprocess::run({PROBE_PATH, "pluggable", SHIM_PATH},
+                             {kBothLibs, "GPUSTITCH_CONF=backend:sim"});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("pluggable active=1 ok=1 owned_after_free=0"), std::string::npos) << r.out;
+  EXPECT_EQ(r.err, "");
+}
+
 }  // namespace
