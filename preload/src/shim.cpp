@@ -119,14 +119,14 @@ void initialize() noexcept {
       return;
     }
     g_fanout = new ObserverFanout();
-    add_configured_observers(*g_config, *g_fanout, lg);
     g_backend = backend.release();
-    Pool* pool = new Pool(*g_backend, *g_config, g_fanout->empty() ? nullptr : g_fanout);
+    Pool* pool = new Pool(*g_backend, *g_config, g_fanout);
     if (pool->device_count() <= 0) {
       lg.warn("no CUDA device usable by the pool; running natively");
       g_state.store(State::native, std::memory_order_release);
       return;  // pool and backend leak: harmless, and safer than tearing down half-made state
     }
+    add_configured_observers(*g_config, *pool, *g_fanout, lg);
     g_owner_pid = getpid();
     pthread_atfork(&fork_prepare, &fork_parent, &fork_child);
     std::atexit(&print_summary);
