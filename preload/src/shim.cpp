@@ -91,6 +91,11 @@ void fork_child() noexcept {
 // driver cannot be used.
 std::unique_ptr<Backend> create_backend(const Config& config, spdlog::logger& lg) {
   std::string why;
+  if (config.backend != BackendKind::sim && !libcuda()) {
+    lg.warn("libcuda.so.1 not found (no NVIDIA driver); running natively, allocations are not "
+            "pooled");
+    return nullptr;
+  }
   auto backend = make_backend(config, &why, &resolve_real_driver, nullptr);
   if (!backend) {
     lg.warn("{}; running natively, allocations are not pooled",

@@ -25,6 +25,7 @@ TEST(Process, NoDriverRunsNativelyWithOneWarningLine) {
   EXPECT_NE(r.out.find("active=0 malloc_rc=35 owned=0"), std::string::npos) << r.out;
   EXPECT_EQ(count_lines(r.err), 1) << r.err;
   EXPECT_EQ(r.err.rfind("gpustitch: ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find("libcuda.so.1 not found"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("natively"), std::string::npos) << r.err;
 }
 
