@@ -27,8 +27,7 @@ static_assert(c::cudaErrorUnknown == cudaErrorUnknown);
 static_assert(c::CU_GET_PROC_ADDRESS_LEGACY_STREAM == CU_GET_PROC_ADDRESS_LEGACY_STREAM);
 static_assert(c::CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM ==
               CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
-static_assert(c::CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM ==
-              cudaEnablePerThreadDefaultStream);
+static_assert(c::CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM == cudaEnablePerThreadDefaultStream);
 static_assert(c::CU_GET_PROC_ADDRESS_LEGACY_STREAM == cudaEnableLegacyStream);
 static_assert(c::CU_GET_PROC_ADDRESS_SUCCESS == CU_GET_PROC_ADDRESS_SUCCESS);
 static_assert(c::CU_GET_PROC_ADDRESS_SUCCESS == cudaDriverEntryPointSuccess);

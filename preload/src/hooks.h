@@ -13,35 +13,35 @@
 // variants of the driver and runtime (what cuGetProcAddress returns with
 // CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, and what code built with
 // --default-stream per-thread calls).
-#define GPUSTITCH_HOOKS(X)                   \
-  X(cuMemAlloc_v2, false)                    \
-  X(cuMemFree_v2, false)                     \
-  X(cuMemAllocAsync, false)                  \
-  X(cuMemAllocAsync_ptsz, false)             \
-  X(cuMemFreeAsync, false)                   \
-  X(cuMemFreeAsync_ptsz, false)              \
-  X(cuMemAllocPitch_v2, false)               \
-  X(cuMemGetInfo_v2, false)                  \
-  X(cuMemGetAddressRange_v2, false)          \
-  X(cuPointerGetAttribute, false)            \
-  X(cuPointerGetAttributes, false)           \
-  X(cuIpcGetMemHandle, false)                \
-  X(cuCtxEnablePeerAccess, false)            \
-  X(cuGetProcAddress, false)                 \
-  X(cuGetProcAddress_v2, false)              \
-  X(cudaMalloc, true)                        \
-  X(cudaFree, true)                          \
-  X(cudaMallocAsync, true)                   \
-  X(cudaMallocAsync_ptsz, true)              \
-  X(cudaFreeAsync, true)                     \
-  X(cudaFreeAsync_ptsz, true)                \
-  X(cudaMallocPitch, true)                   \
-  X(cudaMemGetInfo, true)                    \
-  X(cudaDeviceEnablePeerAccess, true)        \
-  X(cudaIpcGetMemHandle, true)               \
-  X(cudaGetDriverEntryPoint, true)           \
-  X(cudaGetDriverEntryPoint_ptsz, true)      \
-  X(cudaGetDriverEntryPointByVersion, true)  \
+#define GPUSTITCH_HOOKS(X)                  \
+  X(cuMemAlloc_v2, false)                   \
+  X(cuMemFree_v2, false)                    \
+  X(cuMemAllocAsync, false)                 \
+  X(cuMemAllocAsync_ptsz, false)            \
+  X(cuMemFreeAsync, false)                  \
+  X(cuMemFreeAsync_ptsz, false)             \
+  X(cuMemAllocPitch_v2, false)              \
+  X(cuMemGetInfo_v2, false)                 \
+  X(cuMemGetAddressRange_v2, false)         \
+  X(cuPointerGetAttribute, false)           \
+  X(cuPointerGetAttributes, false)          \
+  X(cuIpcGetMemHandle, false)               \
+  X(cuCtxEnablePeerAccess, false)           \
+  X(cuGetProcAddress, false)                \
+  X(cuGetProcAddress_v2, false)             \
+  X(cudaMalloc, true)                       \
+  X(cudaFree, true)                         \
+  X(cudaMallocAsync, true)                  \
+  X(cudaMallocAsync_ptsz, true)             \
+  X(cudaFreeAsync, true)                    \
+  X(cudaFreeAsync_ptsz, true)               \
+  X(cudaMallocPitch, true)                  \
+  X(cudaMemGetInfo, true)                   \
+  X(cudaDeviceEnablePeerAccess, true)       \
+  X(cudaIpcGetMemHandle, true)              \
+  X(cudaGetDriverEntryPoint, true)          \
+  X(cudaGetDriverEntryPoint_ptsz, true)     \
+  X(cudaGetDriverEntryPointByVersion, true) \
   X(cudaGetDriverEntryPointByVersion_ptsz, true)
 
 namespace gpustitch::preload {
@@ -67,10 +67,10 @@ bool is_hook_address(const void* fn) noexcept;
 // The definitions (hooks_driver.cpp, hooks_runtime.cpp, proc_address.cpp).
 extern "C" {
 using gpustitch::cuda::CUcontext;
+using gpustitch::cuda::cudaError;
 using gpustitch::cuda::CUdeviceptr;
 using gpustitch::cuda::CUresult;
 using gpustitch::cuda::CUstream;
-using gpustitch::cuda::cudaError;
 using gpustitch::cuda::cuuint64;
 
 CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize);

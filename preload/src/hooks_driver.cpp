@@ -91,8 +91,7 @@ CUresult free_async(CUdeviceptr dptr, CUstream stream, bool per_thread) {
 
 extern "C" {
 
-__attribute__((visibility("default"))) CUresult cuMemAlloc_v2(CUdeviceptr* dptr,
-                                                               size_t bytesize) {
+__attribute__((visibility("default"))) CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   Pool* pool = pl::serving_pool();
   if (pool && dptr && bytesize != 0 && !pl::ipc_native()) {
     int r = serve_sync_alloc(pool, dptr, bytesize);
@@ -108,26 +107,25 @@ __attribute__((visibility("default"))) CUresult cuMemFree_v2(CUdeviceptr dptr) {
 }
 
 __attribute__((visibility("default"))) CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize,
-                                                                 CUstream stream) {
+                                                                CUstream stream) {
   return alloc_async(dptr, bytesize, stream, false);
 }
 __attribute__((visibility("default"))) CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr,
-                                                                      size_t bytesize,
-                                                                      CUstream stream) {
+                                                                     size_t bytesize,
+                                                                     CUstream stream) {
   return alloc_async(dptr, bytesize, stream, true);
 }
 __attribute__((visibility("default"))) CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
   return free_async(dptr, stream, false);
 }
 __attribute__((visibility("default"))) CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr,
-                                                                     CUstream stream) {
+                                                                    CUstream stream) {
   return free_async(dptr, stream, true);
 }
 
-__attribute__((visibility("default"))) CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr,
-                                                                    size_t* pitch, size_t width,
-                                                                    size_t height,
-                                                                    unsigned element_size) {
+__attribute__((visibility("default"))) CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch,
+                                                                   size_t width, size_t height,
+                                                                   unsigned element_size) {
   Pool* pool = pl::serving_pool();
   bool valid = dptr && pitch && width != 0 && height != 0 &&
                (element_size == 4 || element_size == 8 || element_size == 16);
@@ -158,8 +156,8 @@ __attribute__((visibility("default"))) CUresult cuMemGetInfo_v2(size_t* free, si
 }
 
 __attribute__((visibility("default"))) CUresult cuMemGetAddressRange_v2(CUdeviceptr* base,
-                                                                         size_t* size,
-                                                                         CUdeviceptr dptr) {
+                                                                        size_t* size,
+                                                                        CUdeviceptr dptr) {
   Pool* pool = pl::existing_pool();
   BlockInfo info;
   if (pool && dptr && pool->find(dptr, &info)) {
@@ -213,7 +211,7 @@ bool pool_attribute(int attribute, void* data, CUdeviceptr ptr, const BlockInfo&
 extern "C" {
 
 __attribute__((visibility("default"))) CUresult cuPointerGetAttribute(void* data, int attribute,
-                                                                       CUdeviceptr ptr) {
+                                                                      CUdeviceptr ptr) {
   Pool* pool = pl::existing_pool();
   BlockInfo info;
   if (pool && data && ptr && pool->find(ptr, &info) && pool_attribute(attribute, data, ptr, info)) {
@@ -223,9 +221,8 @@ __attribute__((visibility("default"))) CUresult cuPointerGetAttribute(void* data
 }
 
 __attribute__((visibility("default"))) CUresult cuPointerGetAttributes(unsigned count,
-                                                                        int* attributes,
-                                                                        void** data,
-                                                                        CUdeviceptr ptr) {
+                                                                       int* attributes, void** data,
+                                                                       CUdeviceptr ptr) {
   Pool* pool = pl::existing_pool();
   BlockInfo info;
   if (!pool || !attributes || !data || count == 0 || !pool->find(ptr, &info)) {
@@ -260,7 +257,7 @@ __attribute__((visibility("default"))) CUresult cuIpcGetMemHandle(void* handle, 
 }
 
 __attribute__((visibility("default"))) CUresult cuCtxEnablePeerAccess(CUcontext peer,
-                                                                       unsigned flags) {
+                                                                      unsigned flags) {
   CUresult r = forward<PFN_cuCtxEnablePeerAccess>(Hook::cuCtxEnablePeerAccess, peer, flags);
   if (r != CUDA_SUCCESS && r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) return r;
   Pool* pool = pl::serving_pool();

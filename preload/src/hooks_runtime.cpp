@@ -106,11 +106,11 @@ __attribute__((visibility("default"))) cudaError cudaFree(void* ptr) {
 }
 
 __attribute__((visibility("default"))) cudaError cudaMallocAsync(void** ptr, size_t size,
-                                                                  CUstream stream) {
+                                                                 CUstream stream) {
   return malloc_async(ptr, size, stream, false);
 }
 __attribute__((visibility("default"))) cudaError cudaMallocAsync_ptsz(void** ptr, size_t size,
-                                                                       CUstream stream) {
+                                                                      CUstream stream) {
   return malloc_async(ptr, size, stream, true);
 }
 __attribute__((visibility("default"))) cudaError cudaFreeAsync(void* ptr, CUstream stream) {
@@ -121,7 +121,7 @@ __attribute__((visibility("default"))) cudaError cudaFreeAsync_ptsz(void* ptr, C
 }
 
 __attribute__((visibility("default"))) cudaError cudaMallocPitch(void** ptr, size_t* pitch,
-                                                                  size_t width, size_t height) {
+                                                                 size_t width, size_t height) {
   Pool* pool = pl::serving_pool();
   if (pool && ptr && pitch && width != 0 && height != 0 && !pl::ipc_native()) {
     std::size_t p = align_up(width, kPitchAlignment);
@@ -149,9 +149,9 @@ __attribute__((visibility("default"))) cudaError cudaMemGetInfo(size_t* free, si
 }
 
 __attribute__((visibility("default"))) cudaError cudaDeviceEnablePeerAccess(int peer,
-                                                                             unsigned flags) {
-  cudaError r = forward<PFN_cudaDeviceEnablePeerAccess>(Hook::cudaDeviceEnablePeerAccess, peer,
-                                                        flags);
+                                                                            unsigned flags) {
+  cudaError r =
+      forward<PFN_cudaDeviceEnablePeerAccess>(Hook::cudaDeviceEnablePeerAccess, peer, flags);
   if (r != cudaSuccess && r != cudaErrorPeerAccessAlreadyEnabled) return r;
   Pool* pool = pl::serving_pool();
   int device = 0;

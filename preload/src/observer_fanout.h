@@ -34,8 +34,8 @@ class ObserverFanout final : public PoolObserver {
   void on_allocate(int device, DevPtr ptr, std::size_t size, Stream stream,
                    ServedBy how) noexcept override {
     int n = count_.load(std::memory_order_acquire);
-    for (int i = 0; i < n; ++i) slots_[i].load(std::memory_order_relaxed)->on_allocate(
-        device, ptr, size, stream, how);
+    for (int i = 0; i < n; ++i)
+      slots_[i].load(std::memory_order_relaxed)->on_allocate(device, ptr, size, stream, how);
   }
   void on_free(int device, DevPtr ptr, std::size_t size, Stream stream) noexcept override {
     int n = count_.load(std::memory_order_acquire);

@@ -14,15 +14,17 @@ void add_configured_observers(const Config& config, Pool& pool, ObserverFanout& 
                               spdlog::logger& log) {
   (void)pool;
   (void)fanout;
-  // --- statistics publisher (gpustitch_shm) -------------------------------------------------------
-  // Wiring point: link gpustitch_shm into gpustitch_preload and add, when config.publish:
+  // --- statistics publisher (gpustitch_shm)
+  // ------------------------------------------------------- Wiring point: link gpustitch_shm into
+  // gpustitch_preload and add, when config.publish:
   //   auto publisher = std::make_unique<gpustitch::shm::StatsPublisher>(pool, config);
   //   if (!publisher->active()) log.debug("statistics not published: {}", publisher->error());
   //   fanout.add(std::move(publisher));
   if (config.publish) log.debug("statistics publishing is not built into this library");
 
-  // --- allocation trace ---------------------------------------------------------------------------
-  // Wiring point: when config.trace_path is non-empty, add the trace writer (TraceWriter).
+  // --- allocation trace
+  // --------------------------------------------------------------------------- Wiring point: when
+  // config.trace_path is non-empty, add the trace writer (TraceWriter).
   if (!config.trace_path.empty()) {
     log.warn("trace:{} requested, but this build has no trace writer; not tracing",
              config.trace_path);

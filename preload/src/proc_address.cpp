@@ -39,9 +39,9 @@ static_assert(sizeof(kHooks) / sizeof(kHooks[0]) == kHookCount);
 // A driver entry point by base name, as cuGetProcAddress knows it.
 struct ProcEntry {
   const char* base;
-  int since;                  // CUDA version that introduced the hooked variant
+  int since;  // CUDA version that introduced the hooked variant
   Hook legacy;
-  Hook per_thread;            // same as legacy when the call takes no stream
+  Hook per_thread;  // same as legacy when the call takes no stream
   bool has_stream;
 };
 
@@ -103,8 +103,12 @@ int find_hook(const char* symbol) noexcept {
   return -1;
 }
 
-const char* hook_name(Hook h) noexcept { return kHooks[static_cast<int>(h)].name; }
-void* hook_address(Hook h) noexcept { return kHooks[static_cast<int>(h)].address; }
+const char* hook_name(Hook h) noexcept {
+  return kHooks[static_cast<int>(h)].name;
+}
+void* hook_address(Hook h) noexcept {
+  return kHooks[static_cast<int>(h)].address;
+}
 
 bool is_hook_address(const void* fn) noexcept {
   if (!fn) return false;
@@ -119,8 +123,8 @@ bool is_hook_address(const void* fn) noexcept {
 extern "C" {
 
 __attribute__((visibility("default"))) CUresult cuGetProcAddress_v2(const char* symbol, void** pfn,
-                                                                     int cuda_version,
-                                                                     cuuint64 flags, int* status) {
+                                                                    int cuda_version,
+                                                                    cuuint64 flags, int* status) {
   auto real = pl::real_as<PFN_cuGetProcAddress_v2>(Hook::cuGetProcAddress_v2);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult r = real(symbol, pfn, cuda_version, flags, status);
@@ -129,8 +133,7 @@ __attribute__((visibility("default"))) CUresult cuGetProcAddress_v2(const char* 
 }
 
 __attribute__((visibility("default"))) CUresult cuGetProcAddress(const char* symbol, void** pfn,
-                                                                  int cuda_version,
-                                                                  cuuint64 flags) {
+                                                                 int cuda_version, cuuint64 flags) {
   auto real = pl::real_as<PFN_cuGetProcAddress>(Hook::cuGetProcAddress);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult r = real(symbol, pfn, cuda_version, flags);
@@ -173,9 +176,9 @@ cudaError entry_point(Hook h, const char* symbol, void** fn, unsigned version, b
 extern "C" {
 
 __attribute__((visibility("default"))) cudaError cudaGetDriverEntryPoint(const char* symbol,
-                                                                          void** fn,
-                                                                          unsigned long long flags,
-                                                                          int* status) {
+                                                                         void** fn,
+                                                                         unsigned long long flags,
+                                                                         int* status) {
   return entry_point(Hook::cudaGetDriverEntryPoint, symbol, fn, 0, false, flags, status, false);
 }
 __attribute__((visibility("default"))) cudaError cudaGetDriverEntryPoint_ptsz(

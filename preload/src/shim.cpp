@@ -4,16 +4,16 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <spdlog/sinks/stdout_sinks.h>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
-#include <spdlog/sinks/stdout_sinks.h>
 #include <string>
 
-#include "gpustitch/config.h"
 #include "gpustitch/backend_factory.h"
+#include "gpustitch/config.h"
 #include "observer_fanout.h"
 #include "observers.h"
 #include "real_api.h"
@@ -30,7 +30,7 @@ std::atomic<State> g_state{State::uninitialized};
 std::atomic<Pool*> g_pool{nullptr};
 std::mutex g_init_mutex;
 thread_local bool t_initializing = false;
-pid_t g_owner_pid = 0;     // process that created the pool (the exit summary is its alone)
+pid_t g_owner_pid = 0;  // process that created the pool (the exit summary is its alone)
 bool g_ipc_native = false;
 
 // Leaked on purpose (see shim.h): these outlive every static destructor.
@@ -92,8 +92,9 @@ void fork_child() noexcept {
 std::unique_ptr<Backend> create_backend(const Config& config, spdlog::logger& lg) {
   std::string why;
   if (config.backend != BackendKind::sim && !libcuda()) {
-    lg.warn("libcuda.so.1 not found (no NVIDIA driver); running natively, allocations are not "
-            "pooled");
+    lg.warn(
+        "libcuda.so.1 not found (no NVIDIA driver); running natively, allocations are not "
+        "pooled");
     return nullptr;
   }
   auto backend = make_backend(config, &why, &resolve_real_driver, nullptr);
@@ -179,7 +180,9 @@ bool shim_active() noexcept {
   return g_pool.load(std::memory_order_acquire) != nullptr;
 }
 
-bool ipc_native() noexcept { return g_ipc_native; }
+bool ipc_native() noexcept {
+  return g_ipc_native;
+}
 
 spdlog::logger& log() noexcept {
   static spdlog::logger* logger = [] {
@@ -257,26 +260,40 @@ Stream stream_key(cuda::CUstream stream, bool per_thread) noexcept {
 
 cuda::CUresult to_curesult(Status s) noexcept {
   switch (s) {
-    case Status::ok: return cuda::CUDA_SUCCESS;
-    case Status::out_of_memory: return cuda::CUDA_ERROR_OUT_OF_MEMORY;
-    case Status::invalid_value: return cuda::CUDA_ERROR_INVALID_VALUE;
-    case Status::invalid_device: return cuda::CUDA_ERROR_INVALID_DEVICE;
-    case Status::not_supported: return cuda::CUDA_ERROR_NOT_SUPPORTED;
-    case Status::not_initialized: return cuda::CUDA_ERROR_NOT_INITIALIZED;
-    case Status::error: break;
+    case Status::ok:
+      return cuda::CUDA_SUCCESS;
+    case Status::out_of_memory:
+      return cuda::CUDA_ERROR_OUT_OF_MEMORY;
+    case Status::invalid_value:
+      return cuda::CUDA_ERROR_INVALID_VALUE;
+    case Status::invalid_device:
+      return cuda::CUDA_ERROR_INVALID_DEVICE;
+    case Status::not_supported:
+      return cuda::CUDA_ERROR_NOT_SUPPORTED;
+    case Status::not_initialized:
+      return cuda::CUDA_ERROR_NOT_INITIALIZED;
+    case Status::error:
+      break;
   }
   return cuda::CUDA_ERROR_UNKNOWN;
 }
 
 cuda::cudaError to_cuda_error(Status s) noexcept {
   switch (s) {
-    case Status::ok: return cuda::cudaSuccess;
-    case Status::out_of_memory: return cuda::cudaErrorMemoryAllocation;
-    case Status::invalid_value: return cuda::cudaErrorInvalidValue;
-    case Status::invalid_device: return cuda::cudaErrorInvalidDevice;
-    case Status::not_supported: return cuda::cudaErrorNotSupported;
-    case Status::not_initialized: return cuda::cudaErrorInitializationError;
-    case Status::error: break;
+    case Status::ok:
+      return cuda::cudaSuccess;
+    case Status::out_of_memory:
+      return cuda::cudaErrorMemoryAllocation;
+    case Status::invalid_value:
+      return cuda::cudaErrorInvalidValue;
+    case Status::invalid_device:
+      return cuda::cudaErrorInvalidDevice;
+    case Status::not_supported:
+      return cuda::cudaErrorNotSupported;
+    case Status::not_initialized:
+      return cuda::cudaErrorInitializationError;
+    case Status::error:
+      break;
   }
   return cuda::cudaErrorUnknown;
 }

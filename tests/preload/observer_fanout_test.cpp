@@ -20,8 +20,8 @@ struct Counting : gpustitch::PoolObserver {
   std::atomic<int>* events;
   Counting(std::atomic<int>* a, std::atomic<int>* f, std::atomic<int>* e)
       : allocs(a), frees(f), events(e) {}
-  void on_allocate(int, gpustitch::DevPtr, std::size_t, gpustitch::Stream, ServedBy) noexcept
-      override {
+  void on_allocate(int, gpustitch::DevPtr, std::size_t, gpustitch::Stream,
+                   ServedBy) noexcept override {
     ++*allocs;
   }
   void on_free(int, gpustitch::DevPtr, std::size_t, gpustitch::Stream) noexcept override {

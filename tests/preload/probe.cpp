@@ -53,10 +53,11 @@ int main(int argc, char** argv) {
   int async_owned = shim::owns(a);
   if (rc == 0) cudaFree(p);
   if (async_rc == 0) cudaFreeAsync(a, nullptr);
-  std::printf("active=%d malloc_rc=%d owned=%d ipc_rc=%d async_rc=%d async_owned=%d "
-              "driver_allocs=%d pool_allocs=%llu\n",
-              shim::active(), rc, owned, ipc_rc, async_rc, async_owned,
-              driver_calls ? driver_calls("cuMemAlloc_v2") : -1,
-              static_cast<unsigned long long>(shim::stats(0).allocs));
+  std::printf(
+      "active=%d malloc_rc=%d owned=%d ipc_rc=%d async_rc=%d async_owned=%d "
+      "driver_allocs=%d pool_allocs=%llu\n",
+      shim::active(), rc, owned, ipc_rc, async_rc, async_owned,
+      driver_calls ? driver_calls("cuMemAlloc_v2") : -1,
+      static_cast<unsigned long long>(shim::stats(0).allocs));
   return 0;
 }

@@ -12,7 +12,9 @@ namespace {
 using subprocess::count_lines;
 using subprocess::Result;
 
-Result run_probe(std::vector<std::string> env) { return subprocess::run({PROBE_PATH, "alloc"}, env); }
+Result run_probe(std::vector<std::string> env) {
+  return subprocess::run({PROBE_PATH, "alloc"}, env);
+}
 
 const std::string kPreload = std::string("LD_PRELOAD=") + SHIM_PATH;
 const std::string kBothLibs = std::string("LD_LIBRARY_PATH=") + RUNTIME_DIR + ":" + DRIVER_DIR;

@@ -16,7 +16,9 @@ F lookup(const char* name) {
   return reinterpret_cast<F>(dlsym(RTLD_DEFAULT, name));
 }
 
-inline bool preloaded() { return lookup<int (*)()>("gpustitch_active") != nullptr; }
+inline bool preloaded() {
+  return lookup<int (*)()>("gpustitch_active") != nullptr;
+}
 inline int active() {
   auto f = lookup<int (*)()>("gpustitch_active");
   return f ? f() : 0;

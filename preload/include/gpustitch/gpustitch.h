@@ -44,12 +44,12 @@ int gpustitch_owns(const void* ptr);
 /* A snapshot of one device's pool statistics (a subset of gpustitch::DeviceStats; see
  * core/include/gpustitch/stats.h for the meaning of each field). */
 typedef struct gpustitch_device_stats {
-  uint64_t allocs;          /* allocations served since start */
+  uint64_t allocs; /* allocations served since start */
   uint64_t frees;
-  uint64_t cache_hits;      /* served from cached memory */
-  uint64_t fresh;           /* served by creating new physical memory */
-  uint64_t stitches;        /* served by stitching cached pieces */
-  uint64_t ooms;            /* out-of-memory results returned */
+  uint64_t cache_hits; /* served from cached memory */
+  uint64_t fresh;      /* served by creating new physical memory */
+  uint64_t stitches;   /* served by stitching cached pieces */
+  uint64_t ooms;       /* out-of-memory results returned */
   uint64_t live_blocks;
   uint64_t bytes_requested; /* live, as asked by callers */
   uint64_t bytes_allocated; /* live, after rounding */

@@ -60,7 +60,8 @@ template <typename F>
 void get(const char* name, F* out, std::uint64_t flags) {
   void* p = nullptr;
   int status = 0;
-  if (g_legacy.get_proc_address(name, &p, 13000, flags, &status) == 0) *out = reinterpret_cast<F>(p);
+  if (g_legacy.get_proc_address(name, &p, 13000, flags, &status) == 0)
+    *out = reinterpret_cast<F>(p);
 }
 
 void fill(Table& t, std::uint64_t flags) {
@@ -89,8 +90,8 @@ void fill(Table& t, std::uint64_t flags) {
 void load() {
   void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!h) return;
-  g_legacy.get_proc_address = reinterpret_cast<decltype(g_legacy.get_proc_address)>(
-      dlsym(h, "cuGetProcAddress_v2"));
+  g_legacy.get_proc_address =
+      reinterpret_cast<decltype(g_legacy.get_proc_address)>(dlsym(h, "cuGetProcAddress_v2"));
   if (!g_legacy.get_proc_address) return;
   g_ptsz.get_proc_address = g_legacy.get_proc_address;
   fill(g_legacy, 1);  // CU_GET_PROC_ADDRESS_LEGACY_STREAM
@@ -121,10 +122,10 @@ cudaError ready() {
   return record(to_runtime(r));
 }
 
-#define READY()                   \
-  do {                            \
-    cudaError e_ = ready();        \
-    if (e_ != 0) return e_;       \
+#define READY()             \
+  do {                      \
+    cudaError e_ = ready(); \
+    if (e_ != 0) return e_; \
   } while (0)
 
 }  // namespace
@@ -134,7 +135,9 @@ RT cudaError cudaGetLastError() {
   t_last_error = 0;
   return e;
 }
-RT cudaError cudaPeekAtLastError() { return t_last_error; }
+RT cudaError cudaPeekAtLastError() {
+  return t_last_error;
+}
 RT cudaError cudaGetDeviceCount(int* n) {
   std::call_once(g_once, load);
   if (!g_ok) return record(35);

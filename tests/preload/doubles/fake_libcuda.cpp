@@ -39,8 +39,7 @@ struct Stream {
 };
 
 constexpr CUresult kOk = 0, kInvalidValue = 1, kOom = 2, kNotInit = 3, kInvalidDevice = 101,
-                   kInvalidContext = 201, kInvalidHandle = 400, kNotFound = 500,
-                   kPeerAlready = 704;
+                   kInvalidContext = 201, kInvalidHandle = 400, kNotFound = 500, kPeerAlready = 704;
 
 enum class Kind { device, managed, host };
 struct Alloc {
@@ -60,7 +59,8 @@ struct Driver {
   bool initialized = false;
   Driver() {
     if (const char* d = std::getenv("FAKE_CUDA_DEVICES")) devices = std::atoi(d);
-    if (const char* m = std::getenv("FAKE_CUDA_MEM_MB")) capacity = std::strtoull(m, nullptr, 10) << 20;
+    if (const char* m = std::getenv("FAKE_CUDA_MEM_MB"))
+      capacity = std::strtoull(m, nullptr, 10) << 20;
     ctxs.resize(devices);
     for (int i = 0; i < devices; ++i) ctxs[i].device = i;
     used.assign(devices, 0);
@@ -78,8 +78,12 @@ Driver& drv() {
   }();
   return *d;
 }
-void drv_lock() { drv().mu.lock(); }
-void drv_unlock() { drv().mu.unlock(); }
+void drv_lock() {
+  drv().mu.lock();
+}
+void drv_unlock() {
+  drv().mu.unlock();
+}
 
 // Call counters, lock-free so that counting is safe in a forked child.
 struct Counter {
@@ -95,8 +99,10 @@ void count(const char* name) {
     const char* n = c.name.load();
     if (!n) {
       const char* expected = nullptr;
-      if (c.name.compare_exchange_strong(expected, name)) n = name;
-      else n = expected;
+      if (c.name.compare_exchange_strong(expected, name))
+        n = name;
+      else
+        n = expected;
     }
     if (std::strcmp(n, name) == 0) {
       ++c.calls;
@@ -105,7 +111,9 @@ void count(const char* name) {
   }
 }
 
-Ctx* current() { return t_ctx_stack.empty() ? nullptr : t_ctx_stack.back(); }
+Ctx* current() {
+  return t_ctx_stack.empty() ? nullptr : t_ctx_stack.back();
+}
 
 CUresult allocate(CUdeviceptr* p, std::size_t size, int device, Kind kind) {
   auto& d = drv();
@@ -146,12 +154,17 @@ bool lookup(CUdeviceptr p, CUdeviceptr* base, Alloc* out) {
   return true;
 }
 
-Stream* as_stream(CUstream_st* s) { return reinterpret_cast<Stream*>(s); }
-bool special(CUstream_st* s) { return reinterpret_cast<std::uintptr_t>(s) <= 2; }
+Stream* as_stream(CUstream_st* s) {
+  return reinterpret_cast<Stream*>(s);
+}
+bool special(CUstream_st* s) {
+  return reinterpret_cast<std::uintptr_t>(s) <= 2;
+}
 
 }  // namespace
 
-// --- test controls ---------------------------------------------------------------------------------
+// --- test controls
+// ---------------------------------------------------------------------------------
 API int fakecuda_calls(const char* symbol) {
   for (Counter& c : g_counters) {
     const char* n = c.name.load();
@@ -170,7 +183,8 @@ API std::size_t fakecuda_used(int device) {
   return device >= 0 && device < drv().devices ? drv().used[device] : 0;
 }
 
-// --- initialisation, devices, contexts ---------------------------------------------------------------
+// --- initialisation, devices, contexts
+// ---------------------------------------------------------------
 API CUresult cuInit(unsigned flags) {
   count("cuInit");
   if (flags != 0) return kInvalidValue;
@@ -245,7 +259,9 @@ API CUresult cuCtxGetDevice(int* dev) {
   *dev = c->device;
   return kOk;
 }
-API CUresult cuCtxSynchronize() { return current() ? kOk : kInvalidContext; }
+API CUresult cuCtxSynchronize() {
+  return current() ? kOk : kInvalidContext;
+}
 API CUresult cuCtxEnablePeerAccess(CUctx_st* peer, unsigned flags) {
   count("cuCtxEnablePeerAccess");
   Ctx* c = current();
@@ -258,7 +274,8 @@ API CUresult cuCtxEnablePeerAccess(CUctx_st* peer, unsigned flags) {
   return kOk;
 }
 
-// --- streams -------------------------------------------------------------------------------------------
+// --- streams
+// -------------------------------------------------------------------------------------------
 API CUresult cuStreamCreate(CUstream_st** s, unsigned /*flags*/) {
   if (!s) return kInvalidValue;
   Ctx* c = current();
@@ -273,7 +290,9 @@ API CUresult cuStreamDestroy_v2(CUstream_st* s) {
   delete as_stream(s);
   return kOk;
 }
-API CUresult cuStreamSynchronize(CUstream_st*) { return kOk; }
+API CUresult cuStreamSynchronize(CUstream_st*) {
+  return kOk;
+}
 static CUresult stream_is_capturing(CUstream_st* s, int* status) {
   if (!status) return kInvalidValue;
   *status = special(s) ? 0 : as_stream(s)->capturing.load();
@@ -293,10 +312,15 @@ static CUresult stream_get_device(CUstream_st* s, int* dev) {
   *dev = as_stream(s)->device;
   return kOk;
 }
-API CUresult cuStreamGetDevice(CUstream_st* s, int* dev) { return stream_get_device(s, dev); }
-API CUresult cuStreamGetDevice_ptsz(CUstream_st* s, int* dev) { return stream_get_device(s, dev); }
+API CUresult cuStreamGetDevice(CUstream_st* s, int* dev) {
+  return stream_get_device(s, dev);
+}
+API CUresult cuStreamGetDevice_ptsz(CUstream_st* s, int* dev) {
+  return stream_get_device(s, dev);
+}
 
-// --- memory ----------------------------------------------------------------------------------------------
+// --- memory
+// ----------------------------------------------------------------------------------------------
 static CUresult mem_alloc(CUdeviceptr* p, std::size_t size) {
   if (!p || size == 0) return kInvalidValue;
   Ctx* c = current();
@@ -457,7 +481,8 @@ API CUresult cuIpcGetMemHandle(void* handle, CUdeviceptr p) {
   return kOk;
 }
 
-// --- cuGetProcAddress --------------------------------------------------------------------------------------
+// --- cuGetProcAddress
+// --------------------------------------------------------------------------------------
 namespace {
 struct Proc {
   const char* base;
