@@ -16,7 +16,7 @@ Result run_probe(std::vector<std::string> env) {
   return subprocess::run({PROBE_PATH, "alloc"}, env);
 }
 
-const std::string kPreload = std::string("LD_PRELOAD=") + SHIM_PATH;
+const std::string kPreload = std::string("LD_PRELOAD=") + PRELOAD;
 const std::string kBothLibs = std::string("LD_LIBRARY_PATH=") + RUNTIME_DIR + ":" + DRIVER_DIR;
 const std::string kRuntimeOnly = std::string("LD_LIBRARY_PATH=") + RUNTIME_DIR;
 
