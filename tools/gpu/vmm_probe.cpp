@@ -25,13 +25,13 @@
 
 namespace {
 
-#define DRIVER_FUNCTIONS(X)                                                                      \
-  X(cuInit)                                                                                      \
-  X(cuDeviceGet)                                                                                 \
-  X(cuDeviceGetName) X(cuDevicePrimaryCtxRetain) X(cuCtxPushCurrent)                             \
-      X(cuMemGetAllocationGranularity) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) \
-          X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetInfo)            \
-              X(cuDriverGetVersion)
+#define DRIVER_FUNCTIONS(X)                                                                 \
+  X(cuInit)                                                                                 \
+  X(cuDeviceGet)                                                                            \
+  X(cuDeviceGetName)                                                                        \
+  X(cuDevicePrimaryCtxRetain) X(cuCtxPushCurrent) X(cuMemGetAllocationGranularity)          \
+      X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap) \
+          X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetInfo) X(cuDriverGetVersion)
 
 struct Driver {
 #define DECLARE(name) decltype(&::name) name = nullptr;
@@ -263,6 +263,26 @@ int main(int argc, char** argv) {
     Phases p;
     for (int r = 0; r < reps; ++r) single_handle(size, p);
     row("one " + size_name(size) + " handle", p, false);
+  }
+  // The CUDA backend asks for exportable (POSIX fd) and RDMA-capable handles where supported:
+  // does that change the cost?
+  {
+    int posix_fd = 0, rdma = 0;
+    drv.cuDeviceGetAttribute(&posix_fd,
+                             CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev);
+    drv.cuDeviceGetAttribute(&rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+                             dev);
+    const CUmemAllocationProp plain = prop;
+    if (posix_fd) prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    if (rdma) prop.allocFlags.gpuDirectRDMACapable = 1;
+    for (std::size_t size : {2ull << 20, 1ull << 30}) {
+      Phases p;
+      for (int r = 0; r < reps; ++r) single_handle(size, p);
+      row("one " + size_name(size) + " handle" + (posix_fd ? ", POSIX fd" : "") +
+              (rdma ? ", RDMA" : "") + " (as the backend creates)",
+          p, false);
+    }
+    prop = plain;
   }
   struct Case {
     std::size_t piece;
