@@ -25,13 +25,25 @@
 
 namespace {
 
-#define DRIVER_FUNCTIONS(X)                                                                 \
-  X(cuInit)                                                                                 \
-  X(cuDeviceGet)                                                                            \
-  X(cuDeviceGetName)                                                                        \
-  X(cuDevicePrimaryCtxRetain) X(cuCtxPushCurrent) X(cuMemGetAllocationGranularity)          \
-      X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap) \
-          X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetInfo) X(cuDriverGetVersion)
+// clang-format off
+#define DRIVER_FUNCTIONS(X) \
+  X(cuInit) \
+  X(cuDeviceGet) \
+  X(cuDeviceGetName) \
+  X(cuDeviceGetAttribute) \
+  X(cuDevicePrimaryCtxRetain) \
+  X(cuCtxPushCurrent) \
+  X(cuMemGetAllocationGranularity) \
+  X(cuMemAddressReserve) \
+  X(cuMemAddressFree) \
+  X(cuMemCreate) \
+  X(cuMemRelease) \
+  X(cuMemMap) \
+  X(cuMemUnmap) \
+  X(cuMemSetAccess) \
+  X(cuMemGetInfo) \
+  X(cuDriverGetVersion)
+// clang-format on
 
 struct Driver {
 #define DECLARE(name) decltype(&::name) name = nullptr;
