@@ -1,9 +1,7 @@
-// The device the core's tests run on: the simulated backend by default, the real GPU through the
-// CUDA backend when GPUSTITCH_TEST_BACKEND=cuda. Tests read and write device memory only through
-// write/read, so the same test body checks bytes on both.
+// The device a core test runs on: the simulated backend by default, the CUDA backend when
+// GPUSTITCH_TEST_BACKEND=cuda (GPU runs, ctest label "gpu").
 #pragma once
 
-#include <cstddef>
 #include <functional>
 #include <memory>
 
@@ -12,8 +10,8 @@
 
 struct TestDevice {
   std::unique_ptr<gpustitch::Backend> backend;
-  // null when the backend is CUDA (fault injection etc. unavailable)
-  gpustitch::SimBackend* sim = nullptr;
+  gpustitch::SimBackend* sim =
+      nullptr;  // null when the backend is CUDA (fault injection etc. unavailable)
   // Copy bytes to/from device memory at ptr (host memcpy on sim, cuMemcpyHtoD/DtoH on CUDA).
   std::function<void(gpustitch::DevPtr, const void*, std::size_t)> write;
   std::function<void(gpustitch::DevPtr, void*, std::size_t)> read;
