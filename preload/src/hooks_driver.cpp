@@ -48,11 +48,11 @@ int serve_sync_alloc(Pool* pool, CUdeviceptr* dptr, std::size_t size) {
 CUresult alloc_async(CUdeviceptr* dptr, std::size_t size, CUstream stream, bool per_thread) {
   Hook h = per_thread ? Hook::cuMemAllocAsync_ptsz : Hook::cuMemAllocAsync;
   Pool* pool = pl::serving_pool();
-  if (!pool || !dptr || size == 0 || pl::stream_capturing(stream, per_thread)) {
-    return forward<PFN_cuMemAllocAsync>(h, dptr, size, stream);
-  }
+  if (!pool || !dptr || size == 0) return forward<PFN_cuMemAllocAsync>(h, dptr, size, stream);
   int device = 0;
-  if (!pl::stream_device(stream, per_thread, false, &device)) {
+  if (pl::stream_capturing(stream, per_thread) ||
+      !pl::stream_device(stream, per_thread, false, &device)) {
+    pl::note_passthrough();
     return forward<PFN_cuMemAllocAsync>(h, dptr, size, stream);
   }
   DevPtr out = 0;
@@ -65,6 +65,7 @@ CUresult alloc_async(CUdeviceptr* dptr, std::size_t size, CUstream stream, bool 
     pl::log_oom(*pool, device, size);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
+  pl::note_passthrough();
   return forward<PFN_cuMemAllocAsync>(h, dptr, size, stream);
 }
 
@@ -93,9 +94,10 @@ extern "C" {
 
 __attribute__((visibility("default"))) CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   Pool* pool = pl::serving_pool();
-  if (pool && dptr && bytesize != 0 && !pl::ipc_native()) {
-    int r = serve_sync_alloc(pool, dptr, bytesize);
+  if (pool && dptr && bytesize != 0) {
+    int r = pl::ipc_native() ? -1 : serve_sync_alloc(pool, dptr, bytesize);
     if (r >= 0) return r;
+    pl::note_passthrough();
   }
   return forward<PFN_cuMemAlloc_v2>(Hook::cuMemAlloc_v2, dptr, bytesize);
 }
@@ -129,13 +131,14 @@ __attribute__((visibility("default"))) CUresult cuMemAllocPitch_v2(CUdeviceptr* 
   Pool* pool = pl::serving_pool();
   bool valid = dptr && pitch && width != 0 && height != 0 &&
                (element_size == 4 || element_size == 8 || element_size == 16);
-  if (pool && valid && !pl::ipc_native()) {
+  if (pool && valid) {
     std::size_t p = align_up(width, kPitchAlignment);
-    if (p >= width && height <= SIZE_MAX / p) {
+    if (!pl::ipc_native() && p >= width && height <= SIZE_MAX / p) {
       int r = serve_sync_alloc(pool, dptr, p * height);
       if (r == CUDA_SUCCESS) *pitch = p;
       if (r >= 0) return r;
     }
+    pl::note_passthrough();
   }
   return forward<PFN_cuMemAllocPitch_v2>(Hook::cuMemAllocPitch_v2, dptr, pitch, width, height,
                                          element_size);

@@ -48,19 +48,22 @@ cudaError malloc_async(void** ptr, std::size_t size, CUstream stream, bool per_t
   Hook h = per_thread ? Hook::cudaMallocAsync_ptsz : Hook::cudaMallocAsync;
   Pool* pool = pl::serving_pool();
   int device = 0;
-  if (pool && ptr && size != 0 && !pl::stream_capturing(stream, per_thread) &&
-      pl::stream_device(stream, per_thread, true, &device)) {
-    DevPtr out = 0;
-    Status s = pool->allocate(device, size, pl::stream_key(stream, per_thread), &out);
-    if (s == Status::ok) {
-      *ptr = reinterpret_cast<void*>(out);
-      return cudaSuccess;
+  if (pool && ptr && size != 0) {
+    if (!pl::stream_capturing(stream, per_thread) &&
+        pl::stream_device(stream, per_thread, true, &device)) {
+      DevPtr out = 0;
+      Status s = pool->allocate(device, size, pl::stream_key(stream, per_thread), &out);
+      if (s == Status::ok) {
+        *ptr = reinterpret_cast<void*>(out);
+        return cudaSuccess;
+      }
+      if (s == Status::out_of_memory) {
+        pl::log_oom(*pool, device, size);
+        pl::set_runtime_last_error_oom();
+        return cudaErrorMemoryAllocation;
+      }
     }
-    if (s == Status::out_of_memory) {
-      pl::log_oom(*pool, device, size);
-      pl::set_runtime_last_error_oom();
-      return cudaErrorMemoryAllocation;
-    }
+    pl::note_passthrough();
   }
   return forward<PFN_cudaMallocAsync>(h, ptr, size, stream);
 }
@@ -90,9 +93,10 @@ extern "C" {
 
 __attribute__((visibility("default"))) cudaError cudaMalloc(void** ptr, size_t size) {
   Pool* pool = pl::serving_pool();
-  if (pool && ptr && size != 0 && !pl::ipc_native()) {
-    int r = serve_sync_alloc(pool, ptr, size);
+  if (pool && ptr && size != 0) {
+    int r = pl::ipc_native() ? -1 : serve_sync_alloc(pool, ptr, size);
     if (r >= 0) return r;
+    pl::note_passthrough();
   }
   return forward<PFN_cudaMalloc>(Hook::cudaMalloc, ptr, size);
 }
@@ -123,13 +127,14 @@ __attribute__((visibility("default"))) cudaError cudaFreeAsync_ptsz(void* ptr, C
 __attribute__((visibility("default"))) cudaError cudaMallocPitch(void** ptr, size_t* pitch,
                                                                  size_t width, size_t height) {
   Pool* pool = pl::serving_pool();
-  if (pool && ptr && pitch && width != 0 && height != 0 && !pl::ipc_native()) {
+  if (pool && ptr && pitch && width != 0 && height != 0) {
     std::size_t p = align_up(width, kPitchAlignment);
-    if (p >= width && height <= SIZE_MAX / p) {
+    if (!pl::ipc_native() && p >= width && height <= SIZE_MAX / p) {
       int r = serve_sync_alloc(pool, ptr, p * height);
       if (r == cudaSuccess) *pitch = p;
       if (r >= 0) return r;
     }
+    pl::note_passthrough();
   }
   return forward<PFN_cudaMallocPitch>(Hook::cudaMallocPitch, ptr, pitch, width, height);
 }

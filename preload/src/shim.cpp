@@ -33,6 +33,9 @@ thread_local bool t_initializing = false;
 pid_t g_owner_pid = 0;  // process that created the pool (the exit summary is its alone)
 bool g_ipc_native = false;
 
+constexpr int kMaxCountedDevices = 64;
+std::atomic<std::uint64_t> g_passed_through[kMaxCountedDevices];
+
 // Leaked on purpose (see shim.h): these outlive every static destructor.
 Config* g_config = nullptr;
 Backend* g_backend = nullptr;
@@ -59,11 +62,13 @@ void print_summary() noexcept {
   if (!lg.should_log(spdlog::level::info)) return;
   for (int d = 0; d < pool->device_count(); ++d) {
     DeviceStats s = pool->stats(d);
+    std::uint64_t passed =
+        d < kMaxCountedDevices ? g_passed_through[d].load(std::memory_order_relaxed) : 0;
     lg.info(
         "summary device {}: allocs {}, cache hits {}, fresh {}, stitches {}, OOMs {}, peak "
-        "reserved {} (backend {})",
+        "reserved {}, passed through {} (backend {})",
         d, s.allocs, s.cache_hits, s.fresh, s.stitches, s.ooms, human_bytes(s.peak_reserved),
-        pool->backend().name());
+        passed, pool->backend().name());
   }
   lg.flush();
 }
@@ -182,6 +187,13 @@ bool shim_active() noexcept {
 
 bool ipc_native() noexcept {
   return g_ipc_native;
+}
+
+void note_passthrough() noexcept {
+  int device = 0;
+  if (driver_current_device(&device) && device >= 0 && device < kMaxCountedDevices) {
+    g_passed_through[device].fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 spdlog::logger& log() noexcept {

@@ -53,6 +53,11 @@ bool shim_active() noexcept;
 // ipc:native: cudaMalloc-semantics allocations stay native so cudaIpcGetMemHandle works on them.
 bool ipc_native() noexcept;
 
+// Counts an allocation the pool could have served but that was passed to CUDA instead (graph
+// capture, ipc:native, a device the pool does not manage), for the current context's device.
+// Reported in the exit summary.
+void note_passthrough() noexcept;
+
 // The shim's logger (stderr, "gpustitch: " prefix). Usable before initialisation.
 spdlog::logger& log() noexcept;
 // One line per out-of-memory: requested, device free, pool cached, largest possible,
