@@ -15,7 +15,10 @@
 // caller", which other interposers (loaded before or after the shim) depend on. This file is built
 // with -O2 -foptimize-sibling-calls whatever the build type so the tail call is a jump; a test
 // checks RTLD_NEXT behaviour.
-#include <dlfcn.h>
+// <dlfcn.h> is deliberately not included: it declares dlsym's symbol argument nonnull, which would
+// let the compiler drop the NULL check below (glibc itself would crash on a NULL name; the shim
+// forwards it instead, so whatever glibc does is what the caller gets).
+#include <cstdint>
 
 #include "hooks.h"
 #include "real_api.h"
@@ -24,6 +27,8 @@ namespace pl = gpustitch::preload;
 
 namespace {
 
+void* const kRtldNext = reinterpret_cast<void*>(static_cast<std::intptr_t>(-1));  // RTLD_NEXT
+
 __attribute__((noinline)) void* resolve_hooked(void* handle, const char* symbol, int index) {
   auto hook = static_cast<pl::Hook>(index);
   void* fn = pl::real_dlsym(handle, symbol);
@@ -31,7 +36,7 @@ __attribute__((noinline)) void* resolve_hooked(void* handle, const char* symbol,
   if (pl::is_hook_address(fn)) {
     // The lookup reached the shim's own definition (RTLD_DEFAULT, or a handle whose scope includes
     // the preloaded shim). Only hand it out if a real definition exists behind it.
-    void* next = pl::real_dlsym(RTLD_NEXT, symbol);
+    void* next = pl::real_dlsym(kRtldNext, symbol);
     if (!next) return nullptr;
     pl::record_real(hook, next);
     return fn;
@@ -43,7 +48,7 @@ __attribute__((noinline)) void* resolve_hooked(void* handle, const char* symbol,
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) void* dlsym(void* handle, const char* symbol) {
-  if (symbol[0] == 'c' && symbol[1] == 'u') {  // glibc declares symbol nonnull
+  if (symbol != nullptr && symbol[0] == 'c' && symbol[1] == 'u') {
     int index = pl::find_hook(symbol);
     if (index >= 0) return resolve_hooked(handle, symbol, index);
   }
