@@ -5,7 +5,6 @@
 # Paths are absolute (GNUInstallDirs' FULL forms): with the default /usr prefix the library lands
 # in the multiarch directory (/usr/lib/x86_64-linux-gnu) and configuration in /etc, which is where
 # the .deb puts them (CPACK_PACKAGING_INSTALL_PREFIX follows CMAKE_INSTALL_PREFIX).
-include_guard(GLOBAL)
 include(GNUInstallDirs)
 
 set(GPUSTITCH_PRELOAD_PATH "${CMAKE_INSTALL_FULL_LIBDIR}/libgpustitch.so")
@@ -20,6 +19,8 @@ set(GPUSTITCH_UNIT_RELDIR "lib/systemd/system")
 set(GPUSTITCH_SYSUSERS_RELDIR "lib/sysusers.d")
 set(GPUSTITCH_TMPFILES_RELDIR "lib/tmpfiles.d")
 set(GPUSTITCH_UNIT_PATH "${CMAKE_INSTALL_PREFIX}/${GPUSTITCH_UNIT_RELDIR}/gpustitchd.service")
+set(GPUSTITCH_SYSUSERS_PATH "${CMAKE_INSTALL_PREFIX}/${GPUSTITCH_SYSUSERS_RELDIR}/gpustitch.conf")
+set(GPUSTITCH_TMPFILES_PATH "${CMAKE_INSTALL_PREFIX}/${GPUSTITCH_TMPFILES_RELDIR}/gpustitch.conf")
 # The daemon's runtime directory and socket are fixed: systemd's RuntimeDirectory= creates
 # /run/<name>, whatever the prefix.
 set(GPUSTITCH_SERVICE_USER "gpustitch")
@@ -35,8 +36,8 @@ set(GPUSTITCH_LAYOUT_DEFINITIONS
     GPUSTITCH_DAEMON_CONF="${GPUSTITCH_DAEMON_CONF}"
     GPUSTITCH_PRELOAD_CONF="${GPUSTITCH_PRELOAD_CONF}"
     GPUSTITCH_UNIT_PATH="${GPUSTITCH_UNIT_PATH}"
-    GPUSTITCH_SYSUSERS_PATH="${CMAKE_INSTALL_PREFIX}/${GPUSTITCH_SYSUSERS_RELDIR}/gpustitch.conf"
-    GPUSTITCH_TMPFILES_PATH="${CMAKE_INSTALL_PREFIX}/${GPUSTITCH_TMPFILES_RELDIR}/gpustitch.conf"
+    GPUSTITCH_SYSUSERS_PATH="${GPUSTITCH_SYSUSERS_PATH}"
+    GPUSTITCH_TMPFILES_PATH="${GPUSTITCH_TMPFILES_PATH}"
     GPUSTITCH_SERVICE_USER="${GPUSTITCH_SERVICE_USER}"
     GPUSTITCH_RUNTIME_DIR="${GPUSTITCH_RUNTIME_DIR}"
     GPUSTITCH_SOCKET_PATH="${GPUSTITCH_SOCKET_PATH}")
