@@ -22,9 +22,9 @@
 #include "gpustitch/config.h"
 
 namespace fs = std::filesystem;
-using gpustitch::cli::check_installation;
-using gpustitch::cli::DoctorCheck;
-using gpustitch::cli::InstallLayout;
+using gpustitch::cli::install::check_installation;
+using gpustitch::cli::install::DoctorCheck;
+using gpustitch::cli::install::InstallLayout;
 
 namespace {
 

@@ -396,8 +396,9 @@ def step_unit(c):
         "Type": "notify", "User": c.layout["user"], "NoNewPrivileges": "yes",
         "ProtectSystem": "strict", "ProtectHome": "yes", "Restart": "on-failure",
         "RuntimeDirectory": os.path.basename(c.layout["runtime_dir"]),
-        "CapabilityBoundingSet": "CAP_DAC_READ_SEARCH",
-        "AmbientCapabilities": "CAP_DAC_READ_SEARCH",
+        "CapabilityBoundingSet": "CAP_DAC_READ_SEARCH CAP_FOWNER",
+        "AmbientCapabilities": "CAP_DAC_READ_SEARCH CAP_FOWNER",
+        "ReadOnlyPaths": "/dev", "ReadWritePaths": "/dev/shm", "DevicePolicy": "closed",
         "RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6",
     }
     for k, v in need.items():
@@ -406,7 +407,8 @@ def step_unit(c):
         check(k not in settings, f"unit sets {k}=, which hides /dev/shm or other processes")
     check(settings["ExecStart"][0].split()[0] == c.layout["daemon"],
           f"ExecStart runs {settings['ExecStart']}")
-    print("unit: Type=notify, own user, CAP_DAC_READ_SEARCH only, /dev/shm and /proc left shared")
+    print("unit: Type=notify, own user, CAP_DAC_READ_SEARCH + CAP_FOWNER only, /dev read-only "
+          "except /dev/shm, the host's /dev/shm and /proc left visible")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -441,13 +443,14 @@ def step_manifests(c):
     check(shm, "DaemonSet does not mount the node's /dev/shm")
     daemon = spec["containers"][0]
     sc = daemon["securityContext"]
-    check(sc["capabilities"]["drop"] == ["ALL"] and sc["capabilities"]["add"] == ["DAC_READ_SEARCH"],
+    check(sc["capabilities"]["drop"] == ["ALL"] and
+          sorted(sc["capabilities"]["add"]) == ["DAC_READ_SEARCH", "FOWNER"],
           f"daemon capabilities: {sc['capabilities']}")
     check(sc.get("allowPrivilegeEscalation") is False and not sc.get("privileged"),
           "daemon container may escalate privileges")
     check(daemon.get("resources", {}).get("limits"), "daemon container has no resource limits")
     print(f"kubernetes: {len(k8s)} files, kinds {sorted(set(kinds))}; DaemonSet hostPID, "
-          f"/dev/shm, caps drop ALL + DAC_READ_SEARCH")
+          f"/dev/shm, caps drop ALL + DAC_READ_SEARCH, FOWNER")
     for f in prom:
         doc = yaml.safe_load(open(f))
         check(isinstance(doc, dict) and ("scrape_configs" in doc or "groups" in doc),
@@ -519,8 +522,9 @@ class Daemon:
         self.config = os.path.join(self.dir, "gpustitchd.conf")
         with open(self.config, "w") as fh:
             fh.write(f"socket = {self.socket}\n"
-                     f"prometheus = 127.0.0.1:{self.port}\n"
-                     f"scan_interval_ms = 100\n")
+                     f"prometheus_port = {self.port}\n"
+                     f"prometheus_address = 127.0.0.1\n"
+                     f"sample_interval_ms = 100\n")
         self.log = open(os.path.join(self.dir, "daemon.log"), "w+")
         self.proc = subprocess.Popen([binary, "--config", self.config], stdout=self.log,
                                      stderr=subprocess.STDOUT)

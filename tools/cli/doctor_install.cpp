@@ -30,10 +30,13 @@
 #include <string_view>
 
 #include "gpustitch/config.h"
+#if GPUSTITCH_HAVE_DAEMON_CONFIG
+#include "daemon_config.h"  // the daemon's own parser: same keys, same errors
+#endif
 
 extern char** environ;
 
-namespace gpustitch::cli {
+namespace gpustitch::cli::install {
 namespace {
 
 std::string trim(std::string_view s) {
@@ -194,12 +197,14 @@ DoctorCheck check_preload_library(const InstallLayout& l) {
 
 // --- configuration -----------------------------------------------------------------------------
 
+#if !GPUSTITCH_HAVE_DAEMON_CONFIG
 struct KeyValues {
   std::vector<std::pair<std::string, std::string>> entries;
   std::vector<std::string> errors;
 };
 
-// gpustitchd.conf: "key = value" lines, '#' comments, blank lines.
+// gpustitchd.conf: "key = value" lines, '#' comments, blank lines. Used only when the daemon's own
+// parser is not built into the CLI (a checkout without daemon/).
 KeyValues parse_key_values(const std::string& text) {
   KeyValues kv;
   std::istringstream in(text);
@@ -207,8 +212,8 @@ KeyValues parse_key_values(const std::string& text) {
   int lineno = 0;
   while (std::getline(in, line)) {
     ++lineno;
-    std::string t = trim(line);
-    if (t.empty() || t[0] == '#') continue;
+    std::string t = trim(line.substr(0, line.find('#')));
+    if (t.empty()) continue;
     std::size_t eq = t.find('=');
     std::string key = eq == std::string::npos ? "" : trim(t.substr(0, eq));
     bool key_ok = !key.empty();
@@ -224,8 +229,9 @@ KeyValues parse_key_values(const std::string& text) {
   }
   return kv;
 }
+#endif
 
-DoctorCheck check_daemon_config(const InstallLayout& l, std::string* socket_override) {
+DoctorCheck check_daemon_config(const InstallLayout& l, std::string* socket) {
   DoctorCheck c{"daemon config", false, ""};
   std::string path = l.at(l.daemon_config);
   auto text = read_file(path);
@@ -233,17 +239,23 @@ DoctorCheck check_daemon_config(const InstallLayout& l, std::string* socket_over
     c.detail = path + ": cannot read: " + errno_text(errno);
     return c;
   }
+#if GPUSTITCH_HAVE_DAEMON_CONFIG
+  auto parsed = gpustitch::daemon::parse_daemon_config(*text);
+  const std::vector<std::string>& errors = parsed.errors;
+  *socket = parsed.config.socket_path;
+#else
   KeyValues kv = parse_key_values(*text);
-  if (!kv.errors.empty()) {
-    c.detail =
-        path + ": " + kv.errors.front() +
-        (kv.errors.size() > 1 ? " (and " + std::to_string(kv.errors.size() - 1) + " more)" : "");
+  const std::vector<std::string>& errors = kv.errors;
+  for (auto& [k, v] : kv.entries)
+    if (k == "socket" && !v.empty()) *socket = v;
+#endif
+  if (!errors.empty()) {
+    c.detail = path + ": " + errors.front() +
+               (errors.size() > 1 ? " (and " + std::to_string(errors.size() - 1) + " more)" : "");
     return c;
   }
-  for (auto& [k, v] : kv.entries)
-    if (k == "socket" && !v.empty()) *socket_override = v;
   c.ok = true;
-  c.detail = path + ": " + std::to_string(kv.entries.size()) + " setting(s)";
+  c.detail = path + ": accepted";
   return c;
 }
 
@@ -503,4 +515,4 @@ std::vector<DoctorCheck> check_installation() {
   return check_installation(InstallLayout::installed());
 }
 
-}  // namespace gpustitch::cli
+}  // namespace gpustitch::cli::install

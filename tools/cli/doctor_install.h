@@ -16,12 +16,15 @@
 //   daemon socket      something accepts connections on the daemon's socket
 //   ld.so.preload      if /etc/ld.so.preload names libgpustitch.so, the named file exists
 //   /dev/shm           exists as a world-writable sticky directory (where records are published)
+//
+// The checks live in their own namespace: doctor.h's DoctorCheck is the registrar of doctor
+// checks; doctor_install_check.cpp registers these as one of them.
 #pragma once
 
 #include <string>
 #include <vector>
 
-namespace gpustitch::cli {
+namespace gpustitch::cli::install {
 
 struct DoctorCheck {
   std::string name;
@@ -59,4 +62,4 @@ struct InstallLayout {
 std::vector<DoctorCheck> check_installation();
 std::vector<DoctorCheck> check_installation(const InstallLayout& layout);
 
-}  // namespace gpustitch::cli
+}  // namespace gpustitch::cli::install
