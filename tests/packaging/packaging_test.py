@@ -73,6 +73,7 @@ class Ctx:
         self.layout = json.loads(a.layout)
         self.targets = set(t for t in a.targets.split(";") if t)
         self.producer = a.producer
+        self.cuda_doubles = a.cuda_doubles
         self.daemon_build = a.daemon
         self.deb_dir = os.path.join(self.work, "deb")
         self.root = os.path.join(self.work, "root")
@@ -571,7 +572,8 @@ PRODUCER_ALLOCATED = 48 * 1024 * 1024
 
 class Producers:
     def __init__(self, c, preload, count):
-        env = dict(os.environ, LD_PRELOAD=preload, GPUSTITCH_CONF=PRODUCER_CONF)
+        env = dict(os.environ, LD_PRELOAD=preload, GPUSTITCH_CONF=PRODUCER_CONF,
+                   LD_LIBRARY_PATH=c.cuda_doubles)
         self.procs = []
         for _ in range(count):
             p = subprocess.Popen([c.producer], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -680,7 +682,7 @@ CLI_SOCKET_ENV = "GPUSTITCH_SOCKET"
 def step_e2e(c):
     missing = [t for t in ("gpustitch_preload", "gpustitchd") if t not in c.targets]
     if missing or not c.producer:
-        raise Skip(f"targets {missing or ['gpustitch_test_producer']} are not built on this "
+        raise Skip(f"targets {missing or ['fake_cudart (tests/preload)']} are not built on this "
                    f"checkout: the installed daemon and CLI cannot be run end to end")
     L = c.layout
     daemon_bin = os.path.join(c.root, c.rel(L["daemon"]))
@@ -769,6 +771,8 @@ def main():
     ap.add_argument("--layout", required=True, help="JSON object of installed paths")
     ap.add_argument("--targets", default="", help="built targets, ;-separated")
     ap.add_argument("--producer", default="")
+    ap.add_argument("--cuda-doubles", default="",
+                    help="LD_LIBRARY_PATH with the CUDA runtime/driver test doubles")
     ap.add_argument("--daemon", default="", help="the built (not installed) gpustitchd")
     a = ap.parse_args()
     try:
