@@ -201,6 +201,22 @@ def step_contents(c):
         check(p in files, f"conffile {p} is not in the package")
     print(f"conffiles: {conffiles}")
 
+    # The bash completion completes the installed CLI's subcommands and a subcommand's options.
+    bindir = os.path.dirname(os.path.join(c.root, c.rel(c.layout["cli"])))
+    completion = os.path.join(c.root, c.rel(c.layout["bash_completion"]))
+    help_text = run([os.path.join(bindir, "gpustitch"), "--help"]).stdout
+    subs = re.findall(r"^  ([a-z][a-z-]*)\s", help_text.split("ubcommands:")[-1], re.M)
+    check(subs, f"gpustitch --help lists no subcommands:\n{help_text}")
+    script = (f'PATH={bindir}:$PATH; source {completion}; '
+              f'COMP_WORDS=(gpustitch ""); COMP_CWORD=1; _gpustitch; echo "${{COMPREPLY[*]}}"; '
+              f'COMP_WORDS=(gpustitch {subs[0]} --); COMP_CWORD=2; _gpustitch; '
+              f'echo "${{COMPREPLY[*]}}"')
+    lines = run(["bash", "-c", script]).stdout.splitlines()
+    check(len(lines) == 2 and set(subs) <= set(lines[0].split()),
+          f"completion of 'gpustitch ' gave {lines[:1]}, expected {subs}")
+    check("--help" in lines[1].split(), f"completion of 'gpustitch {subs[0]} --' gave {lines[1:]}")
+    print(f"bash completion: subcommands {subs}; options of {subs[0]}: {lines[1]}")
+
 
 _owner_cache = {}
 
