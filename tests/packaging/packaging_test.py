@@ -117,6 +117,9 @@ def expected_files(c):
     }
     if "gpustitch_preload" in c.targets:
         files[L["preload"]] = 0o644
+        # The preload library's C API (gpustitch_malloc, ...), installed by preload/.
+        if os.path.exists(os.path.join(c.source, "preload/include/gpustitch/gpustitch.h")):
+            files[L["includedir"] + "/gpustitch/gpustitch.h"] = 0o644
     if "gpustitchd" in c.targets:
         files[L["daemon"]] = 0o755
     return files
@@ -222,7 +225,8 @@ _owner_cache = {}
 
 
 def owning_packages(soname):
-    """Packages that ship a file named soname (several for multilib: libstdc++6, lib32stdc++6)."""
+    """Packages that ship a file named soname (several for multilib: libstdc++6, lib32stdc++6),
+    and the virtual packages they provide."""
     if soname not in _owner_cache:
         r = subprocess.run(["dpkg", "-S", "*/" + soname], text=True, capture_output=True)
         owners = set()
@@ -230,7 +234,14 @@ def owning_packages(soname):
             pkgs, _, path = line.partition(": ")
             if os.path.basename(path) == soname:
                 owners.update(p.split(":")[0] for p in pkgs.split(", "))
-        _owner_cache[soname] = owners
+        # A Depends entry may name a virtual package the owner provides (libspdlog1.10 provides
+        # libspdlog1.10-fmt9, which is what its shlibs file puts in Depends).
+        names = set(owners)
+        for pkg in owners:
+            q = subprocess.run(["dpkg-query", "-W", "-f=${Provides}", pkg], text=True,
+                               capture_output=True)
+            names.update(p.strip().split()[0] for p in q.stdout.split(",") if p.strip())
+        _owner_cache[soname] = names
     return _owner_cache[soname]
 
 
@@ -532,9 +543,14 @@ def free_port():
 class Daemon:
     """gpustitchd with a private socket and Prometheus port, its config written to a temp dir."""
 
-    def __init__(self, c, binary, tag):
+    def __init__(self, c, binary, tag, prefix=()):
+        """prefix: a command that runs the daemon (setpriv with the unit's user and rights)."""
         self.dir = tempfile.mkdtemp(prefix=f"gpustitchd-{tag}-", dir="/tmp")
-        self.socket = os.path.join(self.dir, "gpustitchd.sock")
+        os.chmod(self.dir, 0o755)
+        rundir = os.path.join(self.dir, "run")
+        os.makedirs(rundir)
+        os.chmod(rundir, 0o777)
+        self.socket = os.path.join(rundir, "gpustitchd.sock")
         self.port = free_port()
         self.config = os.path.join(self.dir, "gpustitchd.conf")
         with open(self.config, "w") as fh:
@@ -543,8 +559,8 @@ class Daemon:
                      f"prometheus_address = 127.0.0.1\n"
                      f"sample_interval_ms = 100\n")
         self.log = open(os.path.join(self.dir, "daemon.log"), "w+")
-        self.proc = subprocess.Popen([binary, "--config", self.config], stdout=self.log,
-                                     stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(list(prefix) + [binary, "--config", self.config],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 15
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -707,7 +723,22 @@ def step_e2e(c):
     for p in (daemon_bin, cli, preload):
         check(os.path.exists(p), f"{p} missing from the unpacked package")
 
-    d = Daemon(c, daemon_bin, "e2e")
+    # Run the daemon with the rights the unit gives it: an unprivileged user (the unit's own user
+    # does not exist here: nobody stands in) holding exactly the unit's ambient capabilities. The
+    # producers run as root, so their records are 0600 root files: reading and reaping them works
+    # only if those capabilities are the right ones.
+    unit = open(os.path.join(c.root, c.rel(L["unit"]))).read()
+    caps = re.search(r"^AmbientCapabilities=(.+)$", unit, re.M).group(1).split()
+    capspec = "-all," + ",".join("+" + cap.lower().removeprefix("cap_") for cap in caps)
+    prefix = []
+    if os.geteuid() == 0 and shutil.which("setpriv"):
+        prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                  f"--inh-caps={capspec}", f"--ambient-caps={capspec}",
+                  f"--bounding-set={capspec}", "--"]
+        print(f"daemon runs as uid 65534 with only {' '.join(caps)} (the unit's ambient set)")
+    else:
+        print("note: not root or no setpriv: the daemon runs as this user, rights not checked")
+    d = Daemon(c, daemon_bin, "e2e", prefix)
     prod = None
     try:
         prod = Producers(c, preload, 2)
@@ -741,12 +772,13 @@ def step_e2e(c):
               f"counted, user/command labels set")
 
         env = dict(os.environ, **{CLI_SOCKET_ENV: d.socket})
-        r = run([cli, "ps", "--json"], env=env)
+        # --daemon: answer from the daemon only (not by reading /dev/shm directly).
+        r = run([cli, "ps", "--json", "--daemon"], env=env)
         listed = json.dumps(json.loads(r.stdout))
         for pid in pids:
             check(re.search(rf'"pid":\s*{pid}\b', listed), f"gpustitch ps --json lacks pid {pid}:\n"
                                                           f"{r.stdout}")
-        r = run([cli, "ps"], env=env)
+        r = run([cli, "ps", "--daemon"], env=env)
         check(all(pid in r.stdout for pid in pids), f"gpustitch ps lacks the producers:\n{r.stdout}")
         print(f"installed gpustitch ps (text and --json) lists both producers")
 
@@ -756,8 +788,18 @@ def step_e2e(c):
         d.scrape()
         print("SIGHUP: daemon reloads and keeps serving")
 
+        # One producer dies without cleaning up (SIGKILL): the daemon must remove its record.
+        killed = prod.procs[0]
+        records = glob.glob(f"/dev/shm/gpustitch.*.{killed.pid}.*")
+        check(len(records) == 1, f"expected one record of pid {killed.pid}: {records}")
+        killed.kill()
+        killed.wait()
+        prod.procs = prod.procs[1:]
         prod.stop()
         prod = None
+        wait_for(f"the daemon to remove {records[0]} of the killed producer",
+                 lambda: (not os.path.exists(records[0]), records[0]))
+        print("record of a SIGKILLed producer removed by the daemon (reap)")
 
         def gone():
             _, samples = parse_exposition(d.scrape())
