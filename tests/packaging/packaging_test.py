@@ -17,6 +17,9 @@ Each step is one ctest entry (tests/packaging/CMakeLists.txt):
                header is the fallback when the daemon is not built)
   e2e          the installed daemon and CLI (from WORK/root) against producer processes that run
                with the installed preload library on the simulated backend
+  install      dpkg -i / -r / -P for real, in a private mount namespace whose /usr, /etc and /var
+               are overlays (the host is untouched): maintainer scripts, `gpustitch doctor` on
+               the installed system with its daemon running, removal and purge
 
 Exit status 77 means "skipped" (ctest SKIP_RETURN_CODE): a prerequisite is missing, and the
 message says which.
@@ -815,9 +818,102 @@ def step_e2e(c):
     print("SIGTERM: daemon exits 0")
 
 
+INSTALL_SCRIPT = r"""
+set -u
+W=$1; DEB=$2; OUT=$3; LIB=$4; CLI=$5; DAEMON=$6; SOCKET=$7
+for d in usr etc var; do
+  mkdir -p "$W/$d-upper" "$W/$d-work"
+  mount -t overlay overlay -o "lowerdir=/$d,upperdir=$W/$d-upper,workdir=$W/$d-work" "/$d" || exit 90
+done
+mount -t tmpfs tmpfs /run || exit 90
+dpkg -i "$DEB" >"$OUT/dpkg-i.log" 2>&1 || { echo "dpkg -i failed" >&2; cat "$OUT/dpkg-i.log" >&2; exit 1; }
+getent passwd gpustitch >"$OUT/user" || true
+stat -c '%U %a' /run/gpustitch >"$OUT/rundir" 2>&1 || true
+ls /etc/systemd/system/multi-user.target.wants/ >"$OUT/wants" 2>&1 || true
+"$DAEMON" >"$OUT/daemon.log" 2>&1 &
+daemon=$!
+i=0; while [ ! -S "$SOCKET" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+"$CLI" doctor --json >"$OUT/doctor.json" 2>"$OUT/doctor.err"
+echo $? >"$OUT/doctor.rc"
+kill "$daemon"; wait "$daemon"
+echo $? >"$OUT/daemon.rc"
+# Node-wide preloading, then removal: prerm must take the entry out.
+echo "$LIB" >>/etc/ld.so.preload
+dpkg -r gpustitch >"$OUT/dpkg-r.log" 2>&1 || { echo "dpkg -r failed" >&2; cat "$OUT/dpkg-r.log" >&2; exit 1; }
+cat /etc/ld.so.preload >"$OUT/preload-after-remove" 2>/dev/null || true
+for f in "$LIB" "$DAEMON" "$CLI" /etc/gpustitch/gpustitchd.conf; do
+  [ -e "$f" ] && echo "$f" >>"$OUT/after-remove"
+done
+dpkg -P gpustitch >"$OUT/dpkg-P.log" 2>&1 || { echo "dpkg -P failed" >&2; cat "$OUT/dpkg-P.log" >&2; exit 1; }
+[ -e /etc/gpustitch ] && echo /etc/gpustitch >>"$OUT/after-purge"
+exit 0
+"""
+
+
+def step_install(c):
+    if os.geteuid() != 0 or subprocess.run(["unshare", "--mount", "true"],
+                                           capture_output=True).returncode != 0:
+        raise Skip("needs root and mount namespaces (unshare -m) to install the package into "
+                   "overlays of /usr, /etc and /var")
+    work = os.path.realpath(c.work)
+    if any(work == d or work.startswith(d + "/") for d in ("/usr", "/etc", "/var", "/run")):
+        raise Skip(f"the build directory {work} lies under a directory this test overlays")
+    L = c.layout
+    sandbox = tempfile.mkdtemp(dir=c.work)
+    out = os.path.join(sandbox, "out")
+    os.makedirs(out)
+    script = os.path.join(sandbox, "install.sh")
+    with open(script, "w") as fh:
+        fh.write(INSTALL_SCRIPT)
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", script, sandbox,
+                        c.deb(), out, L["preload"], L["cli"], L["daemon"], L["socket"]],
+                       text=True, capture_output=True, timeout=240)
+    check(r.returncode != 90, f"could not set up the overlays: {r.stderr}")
+    check(r.returncode == 0, f"install script failed ({r.returncode}):\n{r.stdout}{r.stderr}")
+
+    def read(name):
+        path = os.path.join(out, name)
+        return open(path).read() if os.path.exists(path) else ""
+
+    check(read("user").startswith(L["user"] + ":"),
+          f"postinst did not create the user {L['user']}: {read('user')!r}\n{read('dpkg-i.log')}")
+    check(read("rundir").split() == [L["user"], "755"],
+          f"{L['runtime_dir']} is {read('rundir')!r}, expected owner {L['user']} mode 755")
+    check("gpustitchd.service" in read("wants").split(),
+          f"the unit was not enabled (multi-user.target.wants: {read('wants')!r})")
+    print(f"dpkg -i: user {L['user']} created, {L['runtime_dir']} made, unit enabled, nothing "
+          f"started (no systemd)")
+
+    doctor = json.loads(read("doctor.json") or "{}")
+    checks = {ch["check"]: ch for ch in doctor.get("checks", [])}
+    if "installation" in checks:
+        inst = checks["installation"]
+        check(inst["status"] == "ok",
+              f"gpustitch doctor on the installed system: installation {inst['status']}:\n" +
+              "\n".join(inst["details"]) + f"\ndaemon log:\n{read('daemon.log')}")
+        print(f"gpustitch doctor (installed, daemon running): installation ok, "
+              f"{len(inst['details'])} items:")
+        for line in inst["details"]:
+            print(f"    {line}")
+    else:
+        print(f"note: this CLI's doctor has no installation check (doctor.h absent); it said: "
+              f"{sorted(checks)} {read('doctor.err').strip()}")
+    check(read("daemon.rc").strip() == "0", f"installed gpustitchd exited {read('daemon.rc')} on "
+                                            f"SIGTERM:\n{read('daemon.log')}")
+
+    check("libgpustitch" not in read("preload-after-remove"),
+          f"dpkg -r left the library in /etc/ld.so.preload: {read('preload-after-remove')!r}")
+    left = read("after-remove").split()
+    check(left == [L["daemon_conf"]],
+          f"after dpkg -r expected only the conffiles to remain, found {left}")
+    check(not read("after-purge").strip(), "dpkg -P left /etc/gpustitch")
+    print("dpkg -r: binaries and library gone, /etc/ld.so.preload entry removed, conffiles kept; "
+          "dpkg -P: /etc/gpustitch gone")
+
+
 STEPS = {"build": step_build, "contents": step_contents, "scripts": step_scripts,
          "unit": step_unit, "manifests": step_manifests, "metrics": step_metrics,
-         "e2e": step_e2e}
+         "e2e": step_e2e, "install": step_install}
 
 
 def main():
