@@ -830,13 +830,17 @@ dpkg -i "$DEB" >"$OUT/dpkg-i.log" 2>&1 || { echo "dpkg -i failed" >&2; cat "$OUT
 getent passwd gpustitch >"$OUT/user" || true
 stat -c '%U %a' /run/gpustitch >"$OUT/rundir" 2>&1 || true
 ls /etc/systemd/system/multi-user.target.wants/ >"$OUT/wants" 2>&1 || true
-"$DAEMON" >"$OUT/daemon.log" 2>&1 &
-daemon=$!
-i=0; while [ ! -S "$SOCKET" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+if [ -x "$DAEMON" ]; then
+  "$DAEMON" >"$OUT/daemon.log" 2>&1 &
+  daemon=$!
+  i=0; while [ ! -S "$SOCKET" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+fi
 "$CLI" doctor --json >"$OUT/doctor.json" 2>"$OUT/doctor.err"
 echo $? >"$OUT/doctor.rc"
-kill "$daemon"; wait "$daemon"
-echo $? >"$OUT/daemon.rc"
+if [ -x "$DAEMON" ]; then
+  kill "$daemon"; wait "$daemon"
+  echo $? >"$OUT/daemon.rc"
+fi
 # Node-wide preloading, then removal: prerm must take the entry out.
 echo "$LIB" >>/etc/ld.so.preload
 dpkg -r gpustitch >"$OUT/dpkg-r.log" 2>&1 || { echo "dpkg -r failed" >&2; cat "$OUT/dpkg-r.log" >&2; exit 1; }
@@ -884,9 +888,16 @@ def step_install(c):
     print(f"dpkg -i: user {L['user']} created, {L['runtime_dir']} made, unit enabled, nothing "
           f"started (no systemd)")
 
-    doctor = json.loads(read("doctor.json") or "{}")
+    try:
+        doctor = json.loads(read("doctor.json") or "{}")
+    except json.JSONDecodeError:
+        doctor = {}
     checks = {ch["check"]: ch for ch in doctor.get("checks", [])}
-    if "installation" in checks:
+    full = all(t in c.targets for t in ("gpustitch_preload", "gpustitchd"))
+    if "installation" in checks and not full:
+        print("note: preload library or daemon not built on this checkout: the installed doctor's "
+              "verdict is not checked")
+    elif "installation" in checks:
         inst = checks["installation"]
         check(inst["status"] == "ok",
               f"gpustitch doctor on the installed system: installation {inst['status']}:\n" +
@@ -898,8 +909,10 @@ def step_install(c):
     else:
         print(f"note: this CLI's doctor has no installation check (doctor.h absent); it said: "
               f"{sorted(checks)} {read('doctor.err').strip()}")
-    check(read("daemon.rc").strip() == "0", f"installed gpustitchd exited {read('daemon.rc')} on "
-                                            f"SIGTERM:\n{read('daemon.log')}")
+    if "gpustitchd" in c.targets:
+        check(read("daemon.rc").strip() == "0", f"installed gpustitchd exited "
+                                                f"{read('daemon.rc')} on SIGTERM:\n"
+                                                f"{read('daemon.log')}")
 
     check("libgpustitch" not in read("preload-after-remove"),
           f"dpkg -r left the library in /etc/ld.so.preload: {read('preload-after-remove')!r}")
