@@ -58,6 +58,7 @@ thread_local unsigned tl_arena_index = UINT32_MAX;
 
 constexpr std::size_t kLargeBuffer = 20 * MiB;  // PyTorch's slack for oversize blocks
 constexpr std::uint64_t kCheapFenceNs = 50'000;   // a fence this fast means an idle device
+constexpr std::size_t kCheapStitchPieces = 8;      // ~8 x 27 us of cuMemSetAccess on an H200
 
 std::uint64_t monotonic_ns() {
   timespec ts{};
@@ -324,6 +325,32 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
       return Status::ok;
     }
   }
+  // Much memory waiting for its fence (the program runs ahead of the device, freeing as it goes):
+  // wait for the device rather than grow the pool by what is about to come back anyway.
+  // Stream-ordered allocations (cudaMallocAsync) never make the host wait.
+  if (stream == kAnyStream && fq_head_ != nullptr && stats_.bytes_pending >= rounded &&
+      stats_.bytes_pending * 8 >= stats_.bytes_reserved) {
+    fence_locked();
+    if (Block* b = take_cached(rounded, stream)) {
+      ++stats_.cache_hits;
+      outcome->how = ServedBy::cache;
+      *out = b;
+      return Status::ok;
+    }
+  }
+  // Cached memory that no single block can serve: stitch it if a few handles do, rather than grow
+  // the pool (peak reserved stays close to peak allocated). Many small handles cost more to map
+  // than fresh memory costs to create, so then fresh memory is taken first.
+  if (config_.stitching) {
+    std::size_t pieces = 0;
+    if (stitch(rounded, out, &pieces, kCheapStitchPieces) == Status::ok) {
+      ++stats_.stitches;
+      stats_.stitched_bytes += rounded;
+      outcome->how = ServedBy::stitched;
+      outcome->add(make_event(EventKind::stitch, rounded, pieces));
+      return Status::ok;
+    }
+  }
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (create_fresh(rounded, out) == Status::ok) {
       ++stats_.fresh;
@@ -549,10 +576,15 @@ Block* DevicePool::block_at(DevPtr ptr) const noexcept {
   return nullptr;
 }
 
-Status DevicePool::stitch(std::size_t rounded, Block** out, std::size_t* pieces) noexcept {
+Status DevicePool::stitch(std::size_t rounded, Block** out, std::size_t* pieces,
+                          std::size_t max_pieces) noexcept {
   // Candidate memory: lendable ranges of fenced free blocks, largest first (fewest map calls).
   std::vector<Segment> segments;
-  for (auto it = free_.rbegin(); it != free_.rend(); ++it) lendable(*it, &segments);
+  for (auto it = free_.rbegin(); it != free_.rend(); ++it) {
+    // Oversize blocks are kept for large requests (max_split_size_mb), also from stitching.
+    if (rounded < config_.max_split_size && (*it)->size >= config_.max_split_size) continue;
+    lendable(*it, &segments);
+  }
   std::stable_sort(segments.begin(), segments.end(),
                    [](const Segment& a, const Segment& b) { return a.size > b.size; });
   // Largest first; once one segment can cover what is left, the smallest such one (least surplus
@@ -579,6 +611,7 @@ Status DevicePool::stitch(std::size_t rounded, Block** out, std::size_t* pieces)
 
   std::vector<Slice> slices;
   for (const Segment& s : chosen) slices_of(s.ptr, s.size, &slices);
+  if (slices.size() + (extra != 0 ? 1 : 0) > max_pieces) return Status::out_of_memory;
 
   // Acquire everything first; any failure rolls back to exactly the state before.
   Handle* extra_handle = nullptr;

@@ -86,7 +86,9 @@ class DevicePool final : private ChunkSource {
   Block* take_from(FreeSet& set, std::size_t rounded, bool pending, bool relaxed) noexcept;
   std::size_t split_point(const Block* b, std::size_t rounded, bool relaxed) const noexcept;
   Status create_fresh(std::size_t rounded, Block** out) noexcept;
-  Status stitch(std::size_t rounded, Block** out, std::size_t* pieces) noexcept;
+  // max_pieces: give up (changing nothing) if more handles than this would be mapped.
+  Status stitch(std::size_t rounded, Block** out, std::size_t* pieces,
+                std::size_t max_pieces = SIZE_MAX) noexcept;
   bool cap_allows(std::size_t bytes) const noexcept;
   void mark_allocated(Block* b, std::size_t requested, Stream stream) noexcept;
 

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <atomic>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -114,7 +116,10 @@ TEST(Pool, UnfencedFreeIsNotReusedWhileTheDeviceIsBusy) {
   if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
   Config c;  // background reclaimer on
   Pool pool(*dev.backend, c);
-  DevPtr a = 0, b = 0, s1 = 0, s2 = 0;
+  DevPtr a = 0, b = 0, s1 = 0, s2 = 0, resident = 0;
+  // A resident 1 GiB keeps the pending share small, so the pool takes fresh memory instead of
+  // waiting (see PendingShareMakesTheAllocationWaitInsteadOfGrowing for the other case).
+  ASSERT_EQ(pool.allocate(0, 1 * GiB, kAnyStream, &resident), Status::ok);
   dev.sim->hold_device(true);  // kernels still running: fences cannot complete
   ASSERT_EQ(pool.allocate(0, 32 * MiB, kAnyStream, &a), Status::ok);
   ASSERT_EQ(pool.deallocate(a), Status::ok);
@@ -129,6 +134,28 @@ TEST(Pool, UnfencedFreeIsNotReusedWhileTheDeviceIsBusy) {
   DevPtr c2 = 0;
   ASSERT_EQ(pool.allocate(0, 32 * MiB, kAnyStream, &c2), Status::ok);
   EXPECT_EQ(c2, a);
+}
+
+TEST(Pool, PendingShareMakesTheAllocationWaitInsteadOfGrowing) {
+  TestDevice dev = make_test_device();
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
+  Pool pool(*dev.backend, Config{});
+  DevPtr a = 0, b = 0;
+  ASSERT_EQ(pool.allocate(0, 256 * MiB, kAnyStream, &a), Status::ok);
+  dev.sim->hold_device(true);
+  ASSERT_EQ(pool.deallocate(a), Status::ok);
+  std::atomic<bool> released{false};
+  std::thread device([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    released = true;
+    dev.sim->hold_device(false);
+  });
+  // Everything the pool holds is waiting for the device: growing would double the footprint.
+  ASSERT_EQ(pool.allocate(0, 256 * MiB, kAnyStream, &b), Status::ok);
+  EXPECT_TRUE(released.load()) << "reused before the device finished";
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(pool.stats(0).fresh, 1u);
+  device.join();
 }
 
 TEST(Pool, StreamOrderedFreeIsReusedBySameStreamOnly) {
