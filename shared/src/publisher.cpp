@@ -14,8 +14,6 @@
 #include <thread>
 #include <vector>
 
-#include "gpustitch/pool.h"
-
 namespace gpustitch::shm {
 
 static_assert(kHistogramBuckets == gpustitch::kHistogramBuckets,
@@ -157,12 +155,6 @@ void StatsPublisher::Impl::run() noexcept {
     wake.wait_for(lk, std::chrono::milliseconds(interval_ms), [this] { return stopping; });
   }
 }
-
-StatsPublisher::StatsPublisher(const gpustitch::Pool& pool, const gpustitch::Config& config,
-                               PublisherOptions options) noexcept
-    : StatsPublisher(StatsSource{[&pool] { return pool.device_count(); },
-                                 [&pool](int d) { return pool.stats(d); }},
-                     config, std::move(options)) {}
 
 StatsPublisher::StatsPublisher(StatsSource source, const gpustitch::Config& config,
                                PublisherOptions options) noexcept {
