@@ -2,6 +2,7 @@
 // gpustitchd on the machine never see each other's records) and cleanup.
 #pragma once
 
+#include <dirent.h>
 #include <unistd.h>
 
 #include <string>
@@ -16,9 +17,16 @@ inline std::string unique_prefix() {
   return "gstest" + std::to_string(::getpid()) + "x" + std::to_string(n++);
 }
 
-// Removes every record with prefix (whatever the uid).
+// Removes every /dev/shm entry with prefix (whatever the uid or file type: tests plant FIFOs
+// and symlinks too).
 inline void remove_records(const std::string& prefix) {
-  for (const auto& name : shm::discover_records(prefix)) ::unlink(name.path().c_str());
+  DIR* dir = ::opendir(shm::kShmDir);
+  if (!dir) return;
+  while (dirent* e = ::readdir(dir)) {
+    std::string n = e->d_name;
+    if (n.rfind(prefix + ".", 0) == 0) ::unlink((std::string(shm::kShmDir) + "/" + n).c_str());
+  }
+  ::closedir(dir);
 }
 
 struct PrefixGuard {

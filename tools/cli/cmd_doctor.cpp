@@ -25,10 +25,14 @@ std::vector<DoctorCheckSpec>& doctor_checks() {
 
 const char* to_string(DoctorLevel level) {
   switch (level) {
-    case DoctorLevel::ok: return "ok";
-    case DoctorLevel::warn: return "warn";
-    case DoctorLevel::fail: return "fail";
-    case DoctorLevel::skip: return "skip";
+    case DoctorLevel::ok:
+      return "ok";
+    case DoctorLevel::warn:
+      return "warn";
+    case DoctorLevel::fail:
+      return "fail";
+    case DoctorLevel::skip:
+      return "skip";
   }
   return "?";
 }
@@ -86,75 +90,80 @@ struct Driver {
 };
 
 DoctorCheck driver_check{"driver", 10, [](const DoctorContext&) {
-  Driver& d = Driver::get();
-  DoctorResult r;
-  if (!d.handle || !d.error.empty()) {
-    r.level = DoctorLevel::fail;
-    r.summary = "CUDA driver not usable: " + d.error;
-    return r;
-  }
-  r.data = {{"driver_version", d.version}};
-  if (d.init != CUDA_SUCCESS) {
-    r.level = DoctorLevel::fail;
-    r.summary = "cuInit failed: " + d.describe(d.init);
-    return r;
-  }
-  r.data["devices"] = d.devices;
-  r.summary = "libcuda.so.1 loaded, driver API " + std::to_string(d.version / 1000) + "." +
-              std::to_string(d.version % 1000 / 10) + ", " + std::to_string(d.devices) +
-              " device(s)";
-  if (d.devices == 0) r.level = DoctorLevel::warn;
-  return r;
-}};
+                           Driver& d = Driver::get();
+                           DoctorResult r;
+                           if (!d.handle || !d.error.empty()) {
+                             r.level = DoctorLevel::fail;
+                             r.summary = "CUDA driver not usable: " + d.error;
+                             return r;
+                           }
+                           r.data = {{"driver_version", d.version}};
+                           if (d.init != CUDA_SUCCESS) {
+                             r.level = DoctorLevel::fail;
+                             r.summary = "cuInit failed: " + d.describe(d.init);
+                             return r;
+                           }
+                           r.data["devices"] = d.devices;
+                           r.summary = "libcuda.so.1 loaded, driver API " +
+                                       std::to_string(d.version / 1000) + "." +
+                                       std::to_string(d.version % 1000 / 10) + ", " +
+                                       std::to_string(d.devices) + " device(s)";
+                           if (d.devices == 0) r.level = DoctorLevel::warn;
+                           return r;
+                         }};
 
-DoctorCheck vmm_check{"vmm", 20, [](const DoctorContext&) {
-  Driver& d = Driver::get();
-  DoctorResult r;
-  if (!d.handle || d.init != CUDA_SUCCESS) {
-    r.level = DoctorLevel::skip;
-    r.summary = "no usable driver";
-    return r;
-  }
-  json devices = json::array();
-  int missing = 0;
-  for (int i = 0; i < d.devices; ++i) {
-    CUdevice dev;
-    char name[256] = "?";
-    int vmm = 0;
-    CUresult e = d.device_get(&dev, i);
-    if (e == CUDA_SUCCESS && d.device_name) d.device_name(name, sizeof name, dev);
-    if (e == CUDA_SUCCESS)
-      e = d.attribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev);
-    bool ok = e == CUDA_SUCCESS && vmm;
-    missing += ok ? 0 : 1;
-    r.lines.push_back("device " + std::to_string(i) + " (" + name + "): " +
-                      (ok ? "VMM supported" : e != CUDA_SUCCESS ? d.describe(e) : "no VMM support"));
-    devices.push_back({{"device", i}, {"name", name}, {"vmm", ok}});
-  }
-  r.data["devices"] = devices;
-  r.level = missing ? DoctorLevel::fail : d.devices ? DoctorLevel::ok : DoctorLevel::skip;
-  r.summary = missing ? std::to_string(missing) + " device(s) without virtual memory management"
-                      : "virtual memory management supported on every device";
-  return r;
-}};
+DoctorCheck vmm_check{
+    "vmm", 20, [](const DoctorContext&) {
+      Driver& d = Driver::get();
+      DoctorResult r;
+      if (!d.handle || d.init != CUDA_SUCCESS) {
+        r.level = DoctorLevel::skip;
+        r.summary = "no usable driver";
+        return r;
+      }
+      json devices = json::array();
+      int missing = 0;
+      for (int i = 0; i < d.devices; ++i) {
+        CUdevice dev;
+        char name[256] = "?";
+        int vmm = 0;
+        CUresult e = d.device_get(&dev, i);
+        if (e == CUDA_SUCCESS && d.device_name) d.device_name(name, sizeof name, dev);
+        if (e == CUDA_SUCCESS)
+          e = d.attribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev);
+        bool ok = e == CUDA_SUCCESS && vmm;
+        missing += ok ? 0 : 1;
+        r.lines.push_back("device " + std::to_string(i) + " (" + name + "): " +
+                          (ok                  ? "VMM supported"
+                           : e != CUDA_SUCCESS ? d.describe(e)
+                                               : "no VMM support"));
+        devices.push_back({{"device", i}, {"name", name}, {"vmm", ok}});
+      }
+      r.data["devices"] = devices;
+      r.level = missing ? DoctorLevel::fail : d.devices ? DoctorLevel::ok : DoctorLevel::skip;
+      r.summary = missing ? std::to_string(missing) + " device(s) without virtual memory management"
+                          : "virtual memory management supported on every device";
+      return r;
+    }};
 
-DoctorCheck daemon_check{"daemon", 30, [](const DoctorContext& ctx) {
-  DoctorResult r;
-  std::string path = socket_path(ctx.source);
-  std::string why;
-  auto answer = shm::query_daemon(path, json{{"cmd", "status"}}, 2000, &why);
-  r.data = {{"socket", path}};
-  if (!answer || !answer->value("ok", false)) {
-    r.level = DoctorLevel::warn;
-    r.summary = "gpustitchd not reachable at " + path + " (" + (answer ? "bad answer" : why) +
-                "); the CLI falls back to reading your own records";
-    return r;
-  }
-  r.data["tracked"] = answer->value("tracked", 0);
-  r.summary = "gpustitchd answers at " + path + ", tracking " +
-              std::to_string(answer->value("tracked", 0)) + " process(es) you can see";
-  return r;
-}};
+DoctorCheck daemon_check{
+    "daemon", 30, [](const DoctorContext& ctx) {
+      DoctorResult r;
+      std::string path = socket_path(ctx.source);
+      std::string why;
+      auto answer = shm::query_daemon(path, json{{"cmd", "status"}}, 2000, &why);
+      r.data = {{"socket", path}};
+      if (!answer || !answer->value("ok", false)) {
+        r.level = DoctorLevel::warn;
+        r.summary = "gpustitchd not reachable at " + path + " (" + (answer ? "bad answer" : why) +
+                    "); the CLI falls back to reading your own records";
+        return r;
+      }
+      r.data["tracked"] = answer->value("tracked", 0);
+      r.summary = "gpustitchd answers at " + path + ", tracking " +
+                  std::to_string(answer->value("tracked", 0)) + " process(es) you can see";
+      return r;
+    }};
 
 // Where the preload library should be, in order: --preload, $GPUSTITCH_PRELOAD, next to the CLI
 // in a build tree, the install prefix.
@@ -177,48 +186,51 @@ std::vector<std::string> preload_candidates(const DoctorContext& ctx) {
   return c;
 }
 
-DoctorCheck preload_check{"preload", 40, [](const DoctorContext& ctx) {
-  DoctorResult r;
-  for (const auto& path : preload_candidates(ctx)) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;
-    unsigned char head[20] = {};
-    ssize_t n = ::read(fd, head, sizeof head);
-    ::close(fd);
-    r.data = {{"path", path}};
-    bool elf = n >= 20 && head[0] == 0x7f && head[1] == 'E' && head[2] == 'L' && head[3] == 'F';
-    bool shared = elf && head[4] == 2 /* 64-bit */ && head[16] == 3 /* ET_DYN */;
-    if (!shared) {
+DoctorCheck preload_check{
+    "preload", 40, [](const DoctorContext& ctx) {
+      DoctorResult r;
+      for (const auto& path : preload_candidates(ctx)) {
+        int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        unsigned char head[20] = {};
+        ssize_t n = ::read(fd, head, sizeof head);
+        ::close(fd);
+        r.data = {{"path", path}};
+        bool elf = n >= 20 && head[0] == 0x7f && head[1] == 'E' && head[2] == 'L' && head[3] == 'F';
+        bool shared = elf && head[4] == 2 /* 64-bit */ && head[16] == 3 /* ET_DYN */;
+        if (!shared) {
+          r.level = DoctorLevel::fail;
+          r.summary = path + " is not a 64-bit shared library";
+          return r;
+        }
+        r.summary = "preload library " + path;
+        const char* preload = std::getenv("LD_PRELOAD");
+        if (preload && std::string(preload).find("gpustitch") != std::string::npos)
+          r.lines.push_back("LD_PRELOAD=" + std::string(preload));
+        r.lines.push_back("use: LD_PRELOAD=" + path + " <program>   (or: gpustitch run <program>)");
+        return r;
+      }
       r.level = DoctorLevel::fail;
-      r.summary = path + " is not a 64-bit shared library";
+      r.summary = "libgpustitch.so not found (set GPUSTITCH_PRELOAD or pass --preload)";
       return r;
-    }
-    r.summary = "preload library " + path;
-    const char* preload = std::getenv("LD_PRELOAD");
-    if (preload && std::string(preload).find("gpustitch") != std::string::npos)
-      r.lines.push_back("LD_PRELOAD=" + std::string(preload));
-    r.lines.push_back("use: LD_PRELOAD=" + path + " <program>   (or: gpustitch run <program>)");
-    return r;
-  }
-  r.level = DoctorLevel::fail;
-  r.summary = "libgpustitch.so not found (set GPUSTITCH_PRELOAD or pass --preload)";
-  return r;
-}};
+    }};
 
 DoctorCheck shm_check{"shm", 45, [](const DoctorContext& ctx) {
-  DoctorResult r;
-  struct stat st;
-  if (::stat(shm::kShmDir, &st) != 0 || !S_ISDIR(st.st_mode) || ::access(shm::kShmDir, W_OK) != 0) {
-    r.level = DoctorLevel::fail;
-    r.summary = std::string(shm::kShmDir) + " missing or not writable: statistics cannot be published";
-    return r;
-  }
-  auto mine = shm::discover_records(record_prefix(ctx.source), ::geteuid());
-  r.data = {{"own_records", mine.size()}};
-  r.summary = std::string(shm::kShmDir) + " writable, " + std::to_string(mine.size()) +
-              " record(s) of yours";
-  return r;
-}};
+                        DoctorResult r;
+                        struct stat st;
+                        if (::stat(shm::kShmDir, &st) != 0 || !S_ISDIR(st.st_mode) ||
+                            ::access(shm::kShmDir, W_OK) != 0) {
+                          r.level = DoctorLevel::fail;
+                          r.summary = std::string(shm::kShmDir) +
+                                      " missing or not writable: statistics cannot be published";
+                          return r;
+                        }
+                        auto mine = shm::discover_records(record_prefix(ctx.source), ::geteuid());
+                        r.data = {{"own_records", mine.size()}};
+                        r.summary = std::string(shm::kShmDir) + " writable, " +
+                                    std::to_string(mine.size()) + " record(s) of yours";
+                        return r;
+                      }};
 
 Registrar reg{
     "doctor", "Check the driver, VMM support, gpustitchd, the preload library",

@@ -43,11 +43,17 @@ std::string history_chart(const json& h, int width, int rows = 6) {
   width = std::max(8, width);
   std::vector<std::uint64_t> a(width, 0), r(width, 0);
   std::vector<bool> have(width, false);
-  for (std::size_t i = 0; i < n; ++i) {
-    std::size_t col = i * static_cast<std::size_t>(width) / n;
-    a[col] = std::max(a[col], alloc[i].get<std::uint64_t>());
-    r[col] = std::max(r[col], res[i].get<std::uint64_t>());
-    have[col] = true;
+  // Each column shows the largest value of the samples that fall in it; with fewer samples
+  // than columns, a sample spans several columns.
+  for (int col = 0; col < width; ++col) {
+    std::size_t lo = static_cast<std::size_t>(col) * n / static_cast<std::size_t>(width);
+    std::size_t hi =
+        std::max(lo + 1, static_cast<std::size_t>(col + 1) * n / static_cast<std::size_t>(width));
+    for (std::size_t i = lo; i < hi && i < n; ++i) {
+      a[col] = std::max(a[col], alloc[i].get<std::uint64_t>());
+      r[col] = std::max(r[col], res[i].get<std::uint64_t>());
+      have[col] = true;
+    }
   }
   std::uint64_t top = 1;
   for (int c = 0; c < width; ++c) top = std::max({top, a[c], r[c]});
@@ -66,9 +72,9 @@ std::string history_chart(const json& h, int width, int rows = 6) {
   }
   double span = double(t[n - 1].get<std::uint64_t>() - t[0].get<std::uint64_t>()) / 1e9;
   char foot[160];
-  std::snprintf(foot, sizeof foot, "%10s+%s\n%10s %s ... %s (%.0f s; \u2588 allocated, \u2591 reserved)\n",
-                "", std::string(width, '-').c_str(), "",
-                clock_time(t[0].get<std::uint64_t>()).c_str(),
+  std::snprintf(foot, sizeof foot,
+                "%10s+%s\n%10s %s ... %s (%.0f s; \u2588 allocated, \u2591 reserved)\n", "",
+                std::string(width, '-').c_str(), "", clock_time(t[0].get<std::uint64_t>()).c_str(),
                 clock_time(t[n - 1].get<std::uint64_t>()).c_str(), span);
   return out + foot;
 }
@@ -78,8 +84,8 @@ void print_process(const json& answer, const std::string& source, int chart_widt
   std::cout << "pid " << u64(p, "pid") << "  user " << str(p, "user") << "  exe " << str(p, "exe")
             << "\ncommand " << str(p, "command") << "\n";
   std::uint64_t hb = u64(p, "heartbeat_ns");
-  std::cout << "last published " << (hb ? clock_time(hb) : std::string("never"))
-            << " (every " << u64(p, "publish_interval_ms") << " ms), source " << source << "\n";
+  std::cout << "last published " << (hb ? clock_time(hb) : std::string("never")) << " (every "
+            << u64(p, "publish_interval_ms") << " ms), source " << source << "\n";
   for (const auto& d : p.value("devices", json::array())) {
     std::string uuid = str(d, "uuid");
     std::cout << "\ndevice " << u64(d, "device") << (uuid.empty() ? "" : " (" + uuid + ")") << "\n";
@@ -100,20 +106,24 @@ void print_process(const json& answer, const std::string& source, int chart_widt
           {"largest possible", human_bytes(u64(d, "largest_possible"))}});
     line({{"peak allocated", human_bytes(u64(d, "peak_allocated"))},
           {"peak reserved", human_bytes(u64(d, "peak_reserved"))},
-          {"device free", human_bytes(u64(d, "device_free")) + " / " + human_bytes(u64(d, "device_total"))}});
+          {"device free",
+           human_bytes(u64(d, "device_free")) + " / " + human_bytes(u64(d, "device_total"))}});
     line({{"allocations", std::to_string(u64(d, "allocs"))},
           {"cache hits", std::to_string(u64(d, "cache_hits"))},
           {"fresh", std::to_string(u64(d, "fresh"))},
           {"frees", std::to_string(u64(d, "frees"))},
           {"handles", std::to_string(u64(d, "handles"))},
           {"views", std::to_string(u64(d, "views"))}});
-    line({{"stitches", std::to_string(u64(d, "stitches")) + " (" + human_bytes(u64(d, "stitched_bytes")) + ")"},
-          {"trims", std::to_string(u64(d, "trims")) + " (" + human_bytes(u64(d, "trimmed_bytes")) + ")"},
+    line({{"stitches",
+           std::to_string(u64(d, "stitches")) + " (" + human_bytes(u64(d, "stitched_bytes")) + ")"},
+          {"trims",
+           std::to_string(u64(d, "trims")) + " (" + human_bytes(u64(d, "trimmed_bytes")) + ")"},
           {"OOMs", std::to_string(u64(d, "ooms"))}});
     const auto& ha = d.value("hist_allocs", json::array());
     const auto& hl = d.value("hist_live", json::array());
     std::uint64_t most = 0;
-    for (const auto& v : ha) most = std::max(most, v.is_number_unsigned() ? v.get<std::uint64_t>() : 0);
+    for (const auto& v : ha)
+      most = std::max(most, v.is_number_unsigned() ? v.get<std::uint64_t>() : 0);
     if (most) {
       std::cout << "  allocation sizes (since start | live now):\n";
       for (std::size_t i = 0; i < ha.size() && i < hl.size(); ++i) {
@@ -143,8 +153,9 @@ void print_process(const json& answer, const std::string& source, int chart_widt
     if (kind == "oom")
       std::cout << "  requested " << human_bytes(u64(e, "size")) << ", largest possible "
                 << human_bytes(u64(e, "largest_possible")) << ", device free "
-                << human_bytes(u64(e, "device_free")) << ", cached " << human_bytes(u64(e, "cached"))
-                << ", fragmentation " << percent(f64(e, "fragmentation"));
+                << human_bytes(u64(e, "device_free")) << ", cached "
+                << human_bytes(u64(e, "cached")) << ", fragmentation "
+                << percent(f64(e, "fragmentation"));
     else if (kind == "stitch")
       std::cout << "  " << human_bytes(u64(e, "size")) << " from " << u64(e, "pieces") << " pieces";
     else if (kind == "trim" || kind == "release")
@@ -186,8 +197,9 @@ Registrar reg{
       sub.add_option("--history", opts->history_seconds, "Seconds of history to chart (daemon)");
       sub.add_option("--width", opts->chart_width, "Chart width in columns")
           ->check(CLI::Range(8, 1000));
-      sub.footer("Exit status: 0 shown, 3 no such process (or not yours), 4 record or daemon "
-                 "unreadable.");
+      sub.footer(
+          "Exit status: 0 shown, 3 no such process (or not yours), 4 record or daemon "
+          "unreadable.");
       return [opts, &global]() {
         Fetched f = fetch_show(opts->source, opts->pid, opts->history_seconds);
         if (f.status != kOk) {

@@ -18,7 +18,9 @@ namespace gpustitch::cli {
 namespace {
 
 volatile sig_atomic_t g_stop = 0;
-void on_sigint(int) { g_stop = 1; }
+void on_sigint(int) {
+  g_stop = 1;
+}
 
 struct TopOptions {
   SourceOptions source;
@@ -50,11 +52,16 @@ class RawTerminal {
 std::uint64_t device_sort_key(const nlohmann::json& p, const std::string& key) {
   std::uint64_t v = 0;
   for (const auto& d : p.value("devices", nlohmann::json::array())) {
-    if (key == "allocated") v += u64(d, "bytes_allocated");
-    else if (key == "ooms") v += u64(d, "ooms");
-    else if (key == "stitches") v += u64(d, "stitches");
-    else if (key == "fragmentation") v = std::max<std::uint64_t>(v, std::llround(f64(d, "fragmentation") * 1e6));
-    else v += u64(d, "bytes_reserved");
+    if (key == "allocated")
+      v += u64(d, "bytes_allocated");
+    else if (key == "ooms")
+      v += u64(d, "ooms");
+    else if (key == "stitches")
+      v += u64(d, "stitches");
+    else if (key == "fragmentation")
+      v = std::max<std::uint64_t>(v, std::llround(f64(d, "fragmentation") * 1e6));
+    else
+      v += u64(d, "bytes_reserved");
   }
   return v;
 }
@@ -97,8 +104,7 @@ std::string render(const Fetched& f, const TopOptions& o) {
            std::to_string(t.procs) + " procs\n";
   }
   out += "\n";
-  out += format_table(process_rows(nlohmann::json(list), true), kProcessRowAlign,
-                      terminal_width());
+  out += format_table(process_rows(nlohmann::json(list), true), kProcessRowAlign, terminal_width());
   return out;
 }
 
@@ -110,10 +116,13 @@ Registrar reg{
       sub.add_option("-d,--interval", opts->interval, "Seconds between refreshes")
           ->check(CLI::Range(0.05, 3600.0));
       sub.add_option("-n,--iterations", opts->iterations, "Stop after N refreshes (0 = until q)");
-      sub.add_option("-s,--sort", opts->sort, "Sort by reserved|allocated|fragmentation|ooms|stitches|pid")
-          ->check(CLI::IsMember({"reserved", "allocated", "fragmentation", "ooms", "stitches", "pid"}));
-      sub.footer("With --json prints one JSON object per refresh, one per line.\nExit status: 0, "
-                 "or 4 when the daemon is required but unreachable.");
+      sub.add_option("-s,--sort", opts->sort,
+                     "Sort by reserved|allocated|fragmentation|ooms|stitches|pid")
+          ->check(
+              CLI::IsMember({"reserved", "allocated", "fragmentation", "ooms", "stitches", "pid"}));
+      sub.footer(
+          "With --json prints one JSON object per refresh, one per line.\nExit status: 0, "
+          "or 4 when the daemon is required but unreachable.");
       return [opts, &global]() {
         struct sigaction sa {};
         sa.sa_handler = on_sigint;
@@ -129,9 +138,10 @@ Registrar reg{
             return f.status;
           }
           if (global.json) {
-            std::cout << nlohmann::json{{"time_ns", std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                        std::chrono::system_clock::now().time_since_epoch())
-                                                        .count()},
+            std::cout << nlohmann::json{{"time_ns",
+                                         std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                             std::chrono::system_clock::now().time_since_epoch())
+                                             .count()},
                                         {"source", f.source},
                                         {"processes", f.answer["processes"]}}
                              .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)

@@ -28,8 +28,8 @@ struct DoctorContext {
 
 struct DoctorResult {
   DoctorLevel level = DoctorLevel::ok;
-  std::string summary;             // one line
-  std::vector<std::string> lines;  // details (one per device, ...)
+  std::string summary;                             // one line
+  std::vector<std::string> lines;                  // details (one per device, ...)
   nlohmann::json data = nlohmann::json::object();  // machine-readable figures for --json
 };
 

@@ -15,9 +15,9 @@ namespace gpustitch::cli {
 using nlohmann::json;
 
 void add_source_options(CLI::App& sub, SourceOptions& opts) {
-  sub.add_option("--socket", opts.socket,
-                 "gpustitchd socket (default $GPUSTITCH_SOCKET or " +
-                     std::string(shm::kDefaultSocket) + ")");
+  sub.add_option(
+      "--socket", opts.socket,
+      "gpustitchd socket (default $GPUSTITCH_SOCKET or " + std::string(shm::kDefaultSocket) + ")");
   auto* d = sub.add_flag("--direct", opts.direct,
                          "Read the records in /dev/shm directly instead of asking gpustitchd");
   sub.add_flag("--daemon", opts.daemon, "Ask gpustitchd only; fail when it is not reachable")
@@ -69,7 +69,8 @@ Fetched fetch_list(const SourceOptions& opts) {
   Fetched f;
   if (ask_daemon(opts, json{{"cmd", "list"}}, &f)) return f;
   f.source = "direct";
-  f.answer = json{{"ok", true}, {"processes", shm::scan_processes_json(record_prefix(opts), false)}};
+  f.answer =
+      json{{"ok", true}, {"processes", shm::scan_processes_json(record_prefix(opts), false)}};
   return f;
 }
 
@@ -115,8 +116,7 @@ std::string human_bytes(std::uint64_t bytes) {
     ++u;
   }
   char buf[32];
-  std::snprintf(buf, sizeof buf, v < 10 ? "%.2f %s" : v < 100 ? "%.1f %s" : "%.0f %s", v,
-                units[u]);
+  std::snprintf(buf, sizeof buf, v < 10 ? "%.2f %s" : v < 100 ? "%.1f %s" : "%.0f %s", v, units[u]);
   return buf;
 }
 
@@ -129,8 +129,9 @@ std::string percent(double ratio) {
 std::uint64_t u64(const json& j, const char* key) {
   auto it = j.find(key);
   return it != j.end() && it->is_number_unsigned() ? it->get<std::uint64_t>()
-         : it != j.end() && it->is_number_integer() ? static_cast<std::uint64_t>(std::max<std::int64_t>(0, it->get<std::int64_t>()))
-                                                    : 0;
+         : it != j.end() && it->is_number_integer()
+             ? static_cast<std::uint64_t>(std::max<std::int64_t>(0, it->get<std::int64_t>()))
+             : 0;
 }
 
 double f64(const json& j, const char* key) {
@@ -181,8 +182,8 @@ void print_json(const json& j) {
   std::cout << j.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
 }
 
-const std::vector<bool> kProcessRowAlign = {true,  false, true, true, true,
-                                            true,  true,  true, true, false};
+const std::vector<bool> kProcessRowAlign = {true, false, true, true, true,
+                                            true, true,  true, true, false};
 
 std::vector<std::vector<std::string>> process_rows(const json& processes, bool header) {
   std::vector<std::vector<std::string>> rows;

@@ -14,7 +14,7 @@
 namespace gpustitch::cli {
 
 struct SourceOptions {
-  std::string socket;  // "" = $GPUSTITCH_SOCKET or the default path
+  std::string socket;   // "" = $GPUSTITCH_SOCKET or the default path
   bool direct = false;  // never ask the daemon
   bool daemon = false;  // only the daemon (fail with kUnreachable when it is not there)
   std::string prefix;   // record name prefix ("" = $GPUSTITCH_SHM_PREFIX or "gpustitch")
@@ -24,8 +24,8 @@ struct SourceOptions {
 void add_source_options(CLI::App& sub, SourceOptions& opts);
 
 struct Fetched {
-  int status = kOk;       // kOk, or kUnreachable when the daemon was required and absent
-  std::string source;     // "daemon" or "direct"
+  int status = kOk;    // kOk, or kUnreachable when the daemon was required and absent
+  std::string source;  // "daemon" or "direct"
   std::string error;
   nlohmann::json answer;  // list: {"processes":[..]}; show: {"process":{..},"history":[..]}
 };
