@@ -48,9 +48,8 @@ Config bench_config() {
 // The observer call an allocation pays when the publisher is attached.
 void BM_PublisherObserverCall(benchmark::State& state) {
   Config c = bench_config();
-  shm::StatsPublisher pub(
-      shm::StatsSource{[] { return 1; }, [](int) { return DeviceStats{}; }}, c,
-      {"gsbench" + std::to_string(::getpid())});
+  shm::StatsPublisher pub(shm::StatsSource{[] { return 1; }, [](int) { return DeviceStats{}; }}, c,
+                          {"gsbench" + std::to_string(::getpid())});
   PoolObserver* obs = &pub;
   benchmark::DoNotOptimize(obs);
   DevPtr p = 0x1000;
@@ -74,8 +73,8 @@ void BM_PoolAllocFree(benchmark::State& state) {
   Pool pool(backend, c, &forward);
   std::unique_ptr<shm::StatsPublisher> pub;
   if (state.range(0)) {
-    pub = std::make_unique<shm::StatsPublisher>(pool, c,
-                                                shm::PublisherOptions{"gsbench" + std::to_string(::getpid())});
+    pub = std::make_unique<shm::StatsPublisher>(
+        pool, c, shm::PublisherOptions{"gsbench" + std::to_string(::getpid())});
     forward.target = pub.get();
   }
   for (auto _ : state) {
