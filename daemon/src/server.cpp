@@ -5,11 +5,13 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
+// Boost 1.74's Asio uses std::exchange without including <utility> in C++20 mode.
+#include <utility>
+
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <filesystem>
-#include <utility>
 
 #include <spdlog/spdlog.h>
 
