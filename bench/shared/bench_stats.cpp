@@ -20,6 +20,8 @@
 #include "gpustitch/sim_backend.h"
 #include "process_table.h"
 
+#include <spdlog/spdlog.h>
+
 using namespace gpustitch;
 
 namespace {
@@ -200,4 +202,10 @@ BENCHMARK(BM_CliPsDaemon)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterati
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  spdlog::set_level(spdlog::level::warn);
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -2,6 +2,8 @@
 // serves them on a Unix socket (JSON) and, optionally, as Prometheus text. See docs/stats.md.
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
+
 #include <CLI/CLI.hpp>
 
 #include "daemon_config.h"
@@ -28,6 +30,13 @@ int main(int argc, char** argv) {
   auto logger = spdlog::stderr_logger_mt("gpustitchd");
   spdlog::set_default_logger(logger);
   spdlog::set_pattern(std::getenv("JOURNAL_STREAM") ? "%l: %v" : "%Y-%m-%d %H:%M:%S.%e %l: %v");
+
+  // Two descriptors per tracked process (its record and its pidfd): lift the soft limit.
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &lim);
+  }
 
   gpustitch::daemon::ServerOptions options;
   options.config_path = config_path;

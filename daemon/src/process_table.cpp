@@ -1,6 +1,8 @@
 #include "process_table.h"
 
+#include <poll.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -13,6 +15,16 @@
 
 namespace gpustitch::daemon {
 namespace {
+// glibc 2.36's <sys/pidfd.h> lacks extern "C"; call the system call directly (Linux >= 5.3).
+int open_pidfd(pid_t pid) {
+#ifdef SYS_pidfd_open
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+#else
+  (void)pid;
+  return -1;
+#endif
+}
+
 std::uint64_t cpu_now_ns() {
   timespec ts;
   ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
@@ -24,6 +36,19 @@ std::uint64_t mono_now_ns() {
   return std::uint64_t(ts.tv_sec) * 1000000000ull + std::uint64_t(ts.tv_nsec);
 }
 }  // namespace
+
+UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.fd_;
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+UniqueFd::~UniqueFd() {
+  if (fd_ >= 0) ::close(fd_);
+}
 
 void History::push(const HistoryPoint& p) {
   if (points_.size() < capacity_) {
@@ -90,6 +115,8 @@ void ProcessTable::reap(const shm::RecordName& name, ino_t inode, PassStats* sta
 }
 
 void ProcessTable::add(const shm::RecordName& name, PassStats* stats) {
+  // Open the pidfd first: if the start time matches afterwards, the pidfd is that process's.
+  UniqueFd pidfd(open_pidfd(name.pid));
   if (!shm::record_process_alive(name)) {
     ++stats->exited;
     struct stat st;
@@ -107,17 +134,24 @@ void ProcessTable::add(const shm::RecordName& name, PassStats* stats) {
     ++stats->rejected;
     struct stat st;
     ino_t ino = ::lstat(name.path().c_str(), &st) == 0 ? st.st_ino : 0;
-    auto it = rejected_.find(name.object_name());
-    if (it == rejected_.end() || it->second != ino) {
-      // A record can be seen before its writer stored the magic: only log what persists.
-      if (err != shm::ReadError::bad_magic || it != rejected_.end())
-        spdlog::warn("ignoring record {}: {}", name.object_name(), shm::to_string(err));
-      rejected_[name.object_name()] = ino;
+    // A record can be seen between its creation and the store of its magic: such a record
+    // (bad_magic) is looked at again next pass and logged only if it stays that way. Any other
+    // rejection is final for that object (same inode) and logged once.
+    Rejected& r = rejected_[name.object_name()];
+    bool same = r.inode == ino && r.error == err;
+    if (err != shm::ReadError::bad_magic ? !same : (same && !r.logged)) {
+      spdlog::warn("ignoring record {}: {}", name.object_name(), shm::to_string(err));
+      r.logged = true;
+    } else if (!same) {
+      r.logged = false;
     }
+    r.inode = ino;
+    r.error = err;
     return;
   }
   rejected_.erase(name.object_name());
   TrackedProcess p{std::move(*reader)};
+  p.pidfd = std::move(pidfd);
   p.user = shm::user_name(name.uid);
   p.first_seen_ns = shm::realtime_ns();
   auto [it, inserted] = processes_.insert_or_assign(name.pid, std::move(p));
@@ -139,11 +173,12 @@ void ProcessTable::sample_one(TrackedProcess& p, std::uint64_t now, PassStats* s
   p.snapshot = std::move(snap);
   p.have_snapshot = true;
   p.last_sample_ns = now;
-  if (auto head = p.reader.event_head(); head && *head != p.event_head) {
+  // The snapshot carries the event ring's head: copy the ring only when it moved.
+  if (p.snapshot.events_head != p.event_head) {
     std::vector<shm::EventCopy> events;
     if (p.reader.read_events(&events, &p.events_dropped) == shm::ReadError::none) {
       p.events = std::move(events);
-      p.event_head = *head;
+      p.event_head = p.snapshot.events_head;
     }
   }
   if (p.history.size() < p.snapshot.devices.size())
@@ -152,6 +187,25 @@ void ProcessTable::sample_one(TrackedProcess& p, std::uint64_t now, PassStats* s
     const auto& c = p.snapshot.devices[d];
     p.history[d].push({now, c.bytes_allocated, c.bytes_reserved, c.largest_free_block});
   }
+}
+
+std::set<pid_t> ProcessTable::exited_processes() {
+  std::set<pid_t> gone;
+  std::vector<pollfd> fds;
+  std::vector<pid_t> pids;
+  fds.reserve(processes_.size());
+  for (const auto& [pid, p] : processes_) {
+    if (p.pidfd.get() < 0) {
+      if (!shm::record_process_alive(p.name())) gone.insert(pid);
+      continue;
+    }
+    fds.push_back({p.pidfd.get(), POLLIN, 0});
+    pids.push_back(pid);
+  }
+  if (!fds.empty() && ::poll(fds.data(), fds.size(), 0) > 0)
+    for (std::size_t i = 0; i < fds.size(); ++i)
+      if (fds[i].revents) gone.insert(pids[i]);
+  return gone;
 }
 
 PassStats ProcessTable::sample() {
@@ -165,6 +219,13 @@ PassStats ProcessTable::sample() {
     seen.insert(name.pid);
     auto it = processes_.find(name.pid);
     if (it == processes_.end()) {
+      // A record already rejected, unchanged since (same inode): do not re-validate every pass.
+      if (auto r = rejected_.find(name.object_name());
+          r != rejected_.end() && name.inode != 0 && r->second.inode == name.inode &&
+          r->second.error != shm::ReadError::bad_magic) {
+        ++stats.rejected;
+        continue;
+      }
       add(name, &stats);
       continue;
     }
@@ -185,8 +246,7 @@ PassStats ProcessTable::sample() {
       continue;
     }
     // Same name: if the publisher re-created it (new inode), switch to the new object.
-    struct stat st;
-    if (::lstat(name.path().c_str(), &st) == 0 && st.st_ino != it->second.reader.inode()) {
+    if (name.inode != 0 && name.inode != it->second.reader.inode()) {
       shm::ReadError err;
       if (auto fresh = shm::RecordReader::open(name, name.uid, &err)) {
         it->second.reader = std::move(*fresh);
@@ -194,9 +254,10 @@ PassStats ProcessTable::sample() {
       }
     }
   }
+  std::set<pid_t> gone = exited_processes();
   for (auto it = processes_.begin(); it != processes_.end();) {
     TrackedProcess& p = it->second;
-    if (!shm::record_process_alive(p.name())) {
+    if (gone.count(it->first)) {
       spdlog::info("pid {} exited", p.name().pid);
       ++stats.exited;
       if (seen.count(it->first)) reap(p.name(), p.reader.inode(), &stats);
@@ -205,6 +266,12 @@ PassStats ProcessTable::sample() {
     }
     sample_one(p, now, &stats);
     ++it;
+  }
+  // Forget rejections of names that are gone.
+  if (!rejected_.empty()) {
+    std::set<std::string> present;
+    for (const auto& name : names) present.insert(name.object_name());
+    std::erase_if(rejected_, [&](const auto& kv) { return !present.count(kv.first); });
   }
   stats.tracked = processes_.size();
   stats.cpu_ns = cpu_now_ns() - cpu0;

@@ -51,8 +51,26 @@ class History {
   std::vector<HistoryPoint> points_;
 };
 
+// An owned file descriptor.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  UniqueFd(UniqueFd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  UniqueFd& operator=(UniqueFd&& o) noexcept;
+  ~UniqueFd();
+  int get() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+};
+
 struct TrackedProcess {
   shm::RecordReader reader;
+  // pidfd of the process (pidfd_open), taken before its start time was checked, so it refers to
+  // the record's writer and not to a later process with the same pid. Exit = readable. -1 when
+  // the kernel lacks pidfds: liveness then falls back to /proc on every pass.
+  UniqueFd pidfd;
   shm::SnapshotCopy snapshot;
   bool have_snapshot = false;
   std::uint64_t event_head = 0;
@@ -96,11 +114,19 @@ class ProcessTable {
   void add(const shm::RecordName& name, PassStats* stats);
   void reap(const shm::RecordName& name, ino_t inode, PassStats* stats);
   void sample_one(TrackedProcess& p, std::uint64_t now, PassStats* stats);
+  // Pids of tracked processes that exited (one poll() over every pidfd).
+  std::set<pid_t> exited_processes();
 
   DaemonConfig config_;
   std::map<pid_t, TrackedProcess> processes_;
-  // Records rejected by validation, by object name and inode, so each is logged once.
-  std::map<std::string, ino_t> rejected_;
+  // Records rejected by validation, by object name, so that each is logged once and not
+  // re-validated every pass while unchanged.
+  struct Rejected {
+    ino_t inode = 0;
+    shm::ReadError error = shm::ReadError::none;
+    bool logged = false;
+  };
+  std::map<std::string, Rejected> rejected_;
   PassStats last_pass_;
 };
 

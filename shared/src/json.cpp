@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <map>
 
 namespace gpustitch::shm {
 using nlohmann::json;
@@ -26,10 +27,18 @@ std::string uuid_string(const std::uint8_t (&uuid)[kUuidBytes]) {
 }
 
 std::string user_name(uid_t uid) {
+  // The passwd lookup reads /etc/passwd (or asks NSS) every time: cache it, a listing of 1,000
+  // processes would otherwise spend most of its time here. Single-threaded callers only.
+  static std::map<uid_t, std::string> cache;
+  if (auto it = cache.find(uid); it != cache.end()) return it->second;
   passwd pw, *res = nullptr;
   char buf[1024];
-  if (::getpwuid_r(uid, &pw, buf, sizeof buf, &res) == 0 && res) return res->pw_name;
-  return std::to_string(uid);
+  std::string name = ::getpwuid_r(uid, &pw, buf, sizeof buf, &res) == 0 && res
+                         ? std::string(res->pw_name)
+                         : std::to_string(uid);
+  if (cache.size() > 4096) cache.clear();
+  cache.emplace(uid, name);
+  return name;
 }
 
 json device_to_json(const DeviceCounters& d, bool histogram) {

@@ -91,6 +91,7 @@ std::vector<RecordName> discover_records(std::string_view prefix, std::optional<
     auto name = parse_record_name(e->d_name, prefix);
     if (!name) continue;
     if (only_uid && name->uid != *only_uid) continue;
+    name->inode = e->d_ino;
     out.push_back(std::move(*name));
   }
   ::closedir(dir);

@@ -121,6 +121,7 @@ bool decode_snapshot(std::span<const std::uint8_t> bytes, SnapshotCopy* out) {
   if (bytes.size() < need) return false;
   out->heartbeat_ns = head.heartbeat_ns;
   out->publish_count = head.publish_count;
+  out->events_head = head.events_head;
   out->devices.resize(head.device_count);
   if (head.device_count)
     std::memcpy(static_cast<void*>(out->devices.data()), bytes.data() + offsetof(Snapshot, devices),
@@ -241,7 +242,11 @@ std::optional<RecordReader> RecordReader::open_path(const std::string& path, con
 }
 
 RecordReader::RecordReader(RecordReader&& o) noexcept
-    : fd_(o.fd_), inode_(o.inode_), name_(std::move(o.name_)), identity_(std::move(o.identity_)) {
+    : fd_(o.fd_),
+      inode_(o.inode_),
+      device_guess_(o.device_guess_),
+      name_(std::move(o.name_)),
+      identity_(std::move(o.identity_)) {
   o.fd_ = -1;
 }
 
@@ -251,6 +256,7 @@ RecordReader& RecordReader::operator=(RecordReader&& o) noexcept {
     fd_ = o.fd_;
     o.fd_ = -1;
     inode_ = o.inode_;
+    device_guess_ = o.device_guess_;
     name_ = std::move(o.name_);
     identity_ = std::move(o.identity_);
   }
@@ -282,14 +288,18 @@ ReadError RecordReader::read_snapshot(SnapshotCopy* out) const {
     std::uint64_t s1 = 0, s2 = 0;
     if (!pread_all(&s1, 8, base + offsetof(Snapshot, seq))) return ReadError::io;
     if (s1 & 1) continue;
-    // The fixed part tells how many devices to copy; device_count is re-validated on decode.
-    if (!pread_all(buf, offsetof(Snapshot, devices), base)) return ReadError::io;
+    // One copy of the fixed part plus as many devices as last time; more only if the count grew.
+    // device_count is re-validated on decode.
+    std::size_t guess = std::min<std::size_t>(device_guess_, kMaxDevices);
+    std::size_t head = offsetof(Snapshot, devices);
+    if (!pread_all(buf, head + guess * sizeof(DeviceCounters), base)) return ReadError::io;
     std::uint32_t count;
     std::memcpy(&count, buf + offsetof(Snapshot, device_count), 4);
     std::size_t n = std::min<std::uint32_t>(count, kMaxDevices);
-    std::size_t len = offsetof(Snapshot, devices) + n * sizeof(DeviceCounters);
-    if (n && !pread_all(buf + offsetof(Snapshot, devices), len - offsetof(Snapshot, devices),
-                        base + offsetof(Snapshot, devices)))
+    std::size_t len = head + n * sizeof(DeviceCounters);
+    if (n > guess && !pread_all(buf + head + guess * sizeof(DeviceCounters),
+                                (n - guess) * sizeof(DeviceCounters),
+                                base + head + guess * sizeof(DeviceCounters)))
       return ReadError::io;
     if (!pread_all(&s2, 8, base + offsetof(Snapshot, seq))) return ReadError::io;
     std::uint64_t copied_seq;
@@ -297,6 +307,7 @@ ReadError RecordReader::read_snapshot(SnapshotCopy* out) const {
     if (s1 != s2 || copied_seq != s1) continue;
     if (!decode_snapshot(std::span<const std::uint8_t>(buf, len), out))
       return ReadError::bad_header;
+    device_guess_ = n;
     return ReadError::none;
   }
   return ReadError::busy;

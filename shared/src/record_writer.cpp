@@ -99,6 +99,8 @@ void RecordWriter::publish(std::span<const DeviceCounters> devices, std::uint64_
   s.heartbeat_ns = now_ns;
   s.publish_count += 1;
   s.device_count = static_cast<std::uint32_t>(n);
+  s.events_head =
+      std::atomic_ref<std::uint64_t>(record_->events.head).load(std::memory_order_relaxed);
   if (n) std::memcpy(s.devices, devices.data(), n * sizeof(DeviceCounters));
   seqlock_write_end(s.seq);
 }

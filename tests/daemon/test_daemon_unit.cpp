@@ -182,6 +182,21 @@ TEST_F(TableTest, HostileRecordIsRejectedAndOthersStillServed) {
   EXPECT_TRUE(t.find(::getpid()));
 }
 
+// A record seen between its creation and the store of its magic is picked up once complete.
+TEST_F(TableTest, RecordCaughtBeforeItsMagicIsTrackedOnceComplete) {
+  auto w = own_record(11);
+  std::uint64_t magic = w->record()->header.magic;
+  w->record()->header.magic = 0;
+  ProcessTable t(config());
+  auto s = t.sample();
+  EXPECT_EQ(s.rejected, 1u);
+  EXPECT_FALSE(t.find(::getpid()));
+  w->record()->header.magic = magic;
+  t.sample();
+  ASSERT_TRUE(t.find(::getpid()));
+  EXPECT_EQ(t.find(::getpid())->snapshot.devices[0].bytes_allocated, 11u);
+}
+
 TEST_F(TableTest, RequestsAnswerOnlyWhatThePeerMaySee) {
   auto w = own_record(5);
   ProcessTable t(config());

@@ -208,7 +208,7 @@ TEST_F(StatsEndToEnd, EveryProducerShowsWithItsFiguresAndKilledOnesAreReaped) {
   ASSERT_TRUE(eventually([&] {
     auto a = query({{"cmd", "list"}});
     return a && (*a)["processes"].size() == std::size_t(kQuiet + kChurning);
-  })) << query({{"cmd", "list"}})->dump();
+  })) << query({{"cmd", "list"}}).value_or(json::object()).value("processes", json::array()).size();
   auto answer = *query({{"cmd", "list"}});
   int checked = 0;
   for (const auto& p : answer["processes"]) {

@@ -28,6 +28,7 @@ struct RecordName {
   uid_t uid = 0;
   pid_t pid = 0;
   std::uint64_t start_time = 0;
+  ino_t inode = 0;  // from the directory entry when discovered (0 = unknown)
 
   // "<prefix>.<uid>.<pid>.<start_time>" (no leading slash, as Boost.Interprocess takes it).
   std::string object_name() const;

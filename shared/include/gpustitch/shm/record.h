@@ -114,7 +114,8 @@ struct Snapshot {
   std::uint64_t publish_count;  // publishes so far
   std::uint32_t device_count;   // valid entries of devices[]
   std::uint32_t reserved0;
-  std::uint64_t reserved1[4];
+  std::uint64_t events_head;  // EventRing::head at this publish (readers poll it cheaply)
+  std::uint64_t reserved1[3];
   DeviceCounters devices[kMaxDevices];
 };
 

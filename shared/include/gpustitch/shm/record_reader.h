@@ -55,6 +55,7 @@ struct ProcessIdentity {
 struct SnapshotCopy {
   std::uint64_t heartbeat_ns = 0;
   std::uint64_t publish_count = 0;
+  std::uint64_t events_head = 0;  // events claimed as of this snapshot
   std::vector<DeviceCounters> devices;
 };
 
@@ -122,6 +123,7 @@ class RecordReader {
   bool pread_all(void* dst, std::size_t size, std::size_t offset) const noexcept;
   int fd_ = -1;
   ino_t inode_ = 0;
+  mutable std::size_t device_guess_ = 1;  // devices copied by the last snapshot read
   RecordName name_;
   ProcessIdentity identity_;
 };
