@@ -46,6 +46,10 @@ std::optional<Request> parse_request(std::string_view line, std::string* why) {
     if (v <= 0 || v > 0x3fffffff) return fail("\"pid\" out of range");
     r.pid = static_cast<pid_t>(v);
   }
+  if (auto s = j.find("summary"); s != j.end()) {
+    if (!s->is_boolean()) return fail("\"summary\" must be true or false");
+    r.summary = s->get<bool>();
+  }
   if (auto h = j.find("history_seconds"); h != j.end()) {
     if (!h->is_number_unsigned() || h->get<std::uint64_t>() > 7 * 86400ull)
       return fail("\"history_seconds\" must be 0..604800");
@@ -85,23 +89,20 @@ bool peer_sees_all(const Peer& peer, const std::string& admin_group) {
   return false;
 }
 
-json process_summary_json(const TrackedProcess& p) {
-  json j = shm::identity_to_json(p.reader.identity());
+json process_summary_json(const TrackedProcess& p, shm::JsonDetail detail) {
+  json j = shm::identity_to_json(p.reader.identity(), detail);
   j["user"] = p.user;
   j["heartbeat_ns"] = p.snapshot.heartbeat_ns;
   j["publish_count"] = p.snapshot.publish_count;
   j["last_sample_ns"] = p.last_sample_ns;
   json devices = json::array();
-  for (const auto& d : p.snapshot.devices) devices.push_back(shm::device_to_json(d, false));
+  for (const auto& d : p.snapshot.devices) devices.push_back(shm::device_to_json(d, detail));
   j["devices"] = std::move(devices);
   return j;
 }
 
 json process_detail_json(const TrackedProcess& p, std::uint32_t history_seconds) {
-  json j = process_summary_json(p);
-  json devices = json::array();
-  for (const auto& d : p.snapshot.devices) devices.push_back(shm::device_to_json(d, true));
-  j["devices"] = std::move(devices);
+  json j = process_summary_json(p, shm::JsonDetail::full);
   json events = json::array();
   for (const auto& e : p.events) events.push_back(shm::event_to_json(e));
   j["events"] = std::move(events);
@@ -155,7 +156,9 @@ std::string handle_request(std::string_view line, const Peer& peer, const Proces
       case Command::list: {
         json list = json::array();
         for (const auto& [pid, p] : table.processes())
-          if (p.have_snapshot && visible(p)) list.push_back(process_summary_json(p));
+          if (p.have_snapshot && visible(p))
+            list.push_back(process_summary_json(
+                p, req->summary ? shm::JsonDetail::summary : shm::JsonDetail::counters));
         out["processes"] = std::move(list);
         out["sample_interval_ms"] = config.sample_interval_ms;
         break;

@@ -24,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gpustitch/shm/json.h"
 #include "process_table.h"
 
 namespace gpustitch::daemon {
@@ -36,6 +37,7 @@ struct Request {
   Command cmd = Command::ping;
   pid_t pid = 0;
   std::uint32_t history_seconds = 600;
+  bool summary = false;  // list: only the fields ps/top show
 };
 
 // Parses one request line. Never throws; on failure returns nullopt and sets *why.
@@ -53,7 +55,7 @@ bool peer_sees_all(const Peer& peer, const std::string& admin_group);
 // Supplementary groups of a process from /proc/<pid>/status ("Groups:").
 std::vector<gid_t> process_groups(pid_t pid);
 
-nlohmann::json process_summary_json(const TrackedProcess& p);
+nlohmann::json process_summary_json(const TrackedProcess& p, shm::JsonDetail detail);
 nlohmann::json process_detail_json(const TrackedProcess& p, std::uint32_t history_seconds);
 
 // Answers one request line for peer. Never throws.

@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 
@@ -41,15 +42,26 @@ std::string user_name(uid_t uid) {
   return name;
 }
 
-json device_to_json(const DeviceCounters& d, bool histogram) {
+json device_to_json(const DeviceCounters& d, JsonDetail detail) {
   json j;
   j["device"] = d.ordinal;
   j["uuid"] = uuid_string(d.uuid);
+  if (detail == JsonDetail::summary) {
+    j["bytes_allocated"] = d.bytes_allocated;
+    j["bytes_reserved"] = d.bytes_reserved;
+    j["bytes_cached"] = d.bytes_cached;
+    j["largest_free_block"] = d.largest_free_block;
+    j["stitches"] = d.stitches;
+    j["ooms"] = d.ooms;
+    j["device_free"] = d.device_free;
+    j["device_total"] = d.device_total;
+  } else {
 #define GPUSTITCH_SHM_JSON(name) j[#name] = d.name;
-  GPUSTITCH_SHM_DEVICE_COUNTERS(GPUSTITCH_SHM_JSON)
+    GPUSTITCH_SHM_DEVICE_COUNTERS(GPUSTITCH_SHM_JSON)
 #undef GPUSTITCH_SHM_JSON
+  }
   j["fragmentation"] = d.fragmentation();
-  if (histogram) {
+  if (detail == JsonDetail::full) {
     j["hist_allocs"] = std::vector<std::uint64_t>(d.hist_allocs, d.hist_allocs + kHistogramBuckets);
     j["hist_live"] = std::vector<std::uint64_t>(d.hist_live, d.hist_live + kHistogramBuckets);
   }
@@ -75,28 +87,29 @@ json site_to_json(const SiteCopy& s) {
               {"frames", std::move(frames)}};
 }
 
-json identity_to_json(const ProcessIdentity& id) {
-  return json{{"pid", id.pid},
-              {"uid", id.uid},
-              {"user", user_name(id.uid)},
-              {"start_time", id.start_time},
-              {"exe", id.exe},
-              {"command", id.cmdline},
-              {"created_ns", id.created_ns},
-              {"publish_interval_ms", id.publish_interval_ms}};
+json identity_to_json(const ProcessIdentity& id, JsonDetail detail) {
+  json j{{"pid", id.pid},
+         {"uid", id.uid},
+         {"user", user_name(id.uid)},
+         {"exe", id.exe},
+         {"command", id.cmdline}};
+  if (detail != JsonDetail::summary) {
+    j["start_time"] = id.start_time;
+    j["created_ns"] = id.created_ns;
+    j["publish_interval_ms"] = id.publish_interval_ms;
+  }
+  return j;
 }
 
-std::optional<json> read_process_json(const RecordReader& reader, bool detail, ReadError* err) {
-  SnapshotCopy snap;
-  *err = reader.read_snapshot(&snap);
-  if (*err != ReadError::none) return std::nullopt;
-  json j = identity_to_json(reader.identity());
+namespace {
+json process_json(const RecordReader& reader, const SnapshotCopy& snap, JsonDetail detail) {
+  json j = identity_to_json(reader.identity(), detail);
   j["heartbeat_ns"] = snap.heartbeat_ns;
   j["publish_count"] = snap.publish_count;
   json devices = json::array();
   for (const auto& d : snap.devices) devices.push_back(device_to_json(d, detail));
   j["devices"] = std::move(devices);
-  if (detail) {
+  if (detail == JsonDetail::full) {
     std::vector<EventCopy> events;
     std::uint64_t dropped = 0;
     json ev = json::array();
@@ -112,19 +125,34 @@ std::optional<json> read_process_json(const RecordReader& reader, bool detail, R
   }
   return j;
 }
+}  // namespace
 
-json scan_processes_json(std::string_view prefix, bool detail) {
+std::optional<json> read_process_json(const RecordReader& reader, JsonDetail detail,
+                                      ReadError* err) {
+  SnapshotCopy snap;
+  *err = reader.read_snapshot(&snap);
+  if (*err != ReadError::none) return std::nullopt;
+  return process_json(reader, snap, detail);
+}
+
+json scan_processes_json(std::string_view prefix, JsonDetail detail) {
   uid_t me = ::geteuid();
   std::optional<uid_t> only;
   if (me != 0) only = me;
+  std::uint64_t now = realtime_ns();
   json list = json::array();
   for (const RecordName& name : discover_records(prefix, only)) {
-    if (!record_process_alive(name)) continue;
     ReadError err;
     auto reader = RecordReader::open(name, only, &err);
     if (!reader) continue;
-    auto j = read_process_json(*reader, detail, &err);
-    if (j) list.push_back(std::move(*j));
+    SnapshotCopy snap;
+    if (reader->read_snapshot(&snap) != ReadError::none) continue;
+    std::uint64_t fresh_ns =
+        std::max<std::uint64_t>(3ull * reader->identity().publish_interval_ms, 1000) * 1000000ull;
+    bool fresh = name.uid == me && snap.heartbeat_ns <= now + 1000000000ull &&
+                 now - std::min(now, snap.heartbeat_ns) < fresh_ns;
+    if (!fresh && !record_process_alive(name)) continue;
+    list.push_back(process_json(*reader, snap, detail));
   }
   return list;
 }

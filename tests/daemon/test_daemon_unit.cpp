@@ -115,7 +115,7 @@ TEST_F(TableTest, TracksLiveRecordsAndKeepsHistory) {
   for (int i = 0; i < 10; ++i) t.sample();
   ASSERT_EQ(p->history.size(), 1u);
   EXPECT_EQ(p->history[0].size(), 5u);  // 5 s at 1 s: capacity 5
-  json summary = process_summary_json(*p);
+  json summary = process_summary_json(*p, shm::JsonDetail::counters);
   EXPECT_EQ(summary["devices"][0]["bytes_reserved"].get<std::uint64_t>(), 2000u);
   EXPECT_EQ(summary["command"], "own --x");
 }

@@ -20,7 +20,7 @@ Registrar reg{
           "group), otherwise the caller's own records in /dev/shm.\nExit status: 0 listed, 3 no "
           "process, 4 daemon required (--daemon/--socket) but unreachable.");
       return [opts, &global]() {
-        Fetched f = fetch_list(opts->source);
+        Fetched f = fetch_list(opts->source, /*summary=*/!global.json);
         if (f.status != kOk) {
           std::cerr << "gpustitch ps: " << f.error << "\n";
           return f.status;

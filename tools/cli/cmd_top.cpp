@@ -132,7 +132,7 @@ Registrar reg{
         std::optional<RawTerminal> raw;
         if (tty) raw.emplace();
         for (unsigned i = 0; !g_stop && (opts->iterations == 0 || i < opts->iterations); ++i) {
-          Fetched f = fetch_list(opts->source);
+          Fetched f = fetch_list(opts->source, /*summary=*/!global.json);
           if (f.status != kOk) {
             std::cerr << "gpustitch top: " << f.error << "\n";
             return f.status;

@@ -65,12 +65,14 @@ bool ask_daemon(const SourceOptions& opts, const json& request, Fetched* out) {
 }
 }  // namespace
 
-Fetched fetch_list(const SourceOptions& opts) {
+Fetched fetch_list(const SourceOptions& opts, bool summary) {
   Fetched f;
-  if (ask_daemon(opts, json{{"cmd", "list"}}, &f)) return f;
+  if (ask_daemon(opts, json{{"cmd", "list"}, {"summary", summary}}, &f)) return f;
   f.source = "direct";
-  f.answer =
-      json{{"ok", true}, {"processes", shm::scan_processes_json(record_prefix(opts), false)}};
+  f.answer = json{{"ok", true},
+                  {"processes", shm::scan_processes_json(record_prefix(opts),
+                                                         summary ? shm::JsonDetail::summary
+                                                                 : shm::JsonDetail::counters)}};
   return f;
 }
 
@@ -92,7 +94,7 @@ Fetched fetch_show(const SourceOptions& opts, long pid, unsigned history_seconds
       f.error = name.path() + ": " + shm::to_string(err);
       return f;
     }
-    auto j = shm::read_process_json(*reader, true, &err);
+    auto j = shm::read_process_json(*reader, shm::JsonDetail::full, &err);
     if (!j) {
       f.status = kUnreachable;
       f.error = name.path() + ": " + shm::to_string(err);

@@ -33,7 +33,8 @@ struct Fetched {
 std::string socket_path(const SourceOptions& opts);
 std::string record_prefix(const SourceOptions& opts);
 
-Fetched fetch_list(const SourceOptions& opts);
+// summary: only what the ps/top tables show (much less to build, send and parse).
+Fetched fetch_list(const SourceOptions& opts, bool summary = false);
 // status kNotFound when the process is not visible.
 Fetched fetch_show(const SourceOptions& opts, long pid, unsigned history_seconds);
 
