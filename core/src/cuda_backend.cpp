@@ -76,6 +76,12 @@ struct Driver {
 #undef GPUSTITCH_DECLARE
 };
 
+// CUDA 13 changed cuCtxSynchronize's ABI: asked for at version 13000, cuGetProcAddress returns
+// the variant that takes the context to synchronise (cuCtxSynchronize_v2), while cuda.h declares
+// the old one without arguments. Calling it with the context is right for both: the old ABI
+// ignores an extra argument register, the new one needs it.
+using CtxSynchronizeFn = CUresult (*)(CUcontext);
+
 // cuGetProcAddress_v2's signature (CUDA 12.0 and later).
 using GetProcAddressFn = CUresult (*)(const char*, void**, int, cuuint64_t,
                                       CUdriverProcAddressQueryResult*);
@@ -220,7 +226,9 @@ class CudaBackend final : public Backend {
     if (!valid(device)) return Status::invalid_device;
     PushedContext pushed(driver_, devices_[device].primary);
     if (!pushed.ok()) return to_status(pushed.result());
-    return to_status(driver_.cuCtxSynchronize());
+    auto sync =
+        reinterpret_cast<CtxSynchronizeFn>(reinterpret_cast<void*>(driver_.cuCtxSynchronize));
+    return to_status(sync(devices_[device].primary));
   }
 
  private:

@@ -18,10 +18,23 @@
 //      3 and 4 again; only then out-of-memory.
 // An allocation therefore fails only when the request exceeds device free + pool free memory.
 //
-// Handle size trade-off: a free piece of a partly used handle can be stitched only where the
-// driver maps at a non-zero offset into a handle (Backend::supports_map_offset). Where it cannot,
-// only whole free handles are lent, and the stitched view may come out larger than asked (the
-// surplus stays free in the stitched view).
+// Handle size trade-off: one big handle is cheap to map but can only be lent (stitched) whole;
+// small handles stitch freely but each costs a map and about 27 us of cuMemSetAccess. A free
+// piece of a partly used handle can be stitched only where the driver maps at a non-zero offset
+// into a handle (Backend::supports_map_offset). Measured on an H200 (driver 580, CUDA 13.0,
+// tools/gpu/vmm_probe): cuMemMap at a 2 MiB offset returns CUDA_ERROR_NOT_SUPPORTED, and 1 GiB
+// costs 0.11 ms to create+map+set-access as one handle, about 0.6 ms as 16 x 64 MiB handles and
+// 18 ms as 512 x 2 MiB handles. So where offsets are not supported:
+//   - a fresh allocation larger than segment_mb (64 MiB) is built from segment-sized handles
+//     (mapped side by side, one cuMemSetAccess over the range), so at most one segment of any
+//     block can ever be pinned by a split;
+//   - a cached block is never cut inside a handle: an allocation is rounded up to the next handle
+//     boundary (or takes the block whole) if that wastes at most 1/8; otherwise fresh memory is
+//     taken, and only once the device is full (after stitching) is any waste accepted. So every
+//     free byte always sits in a whole free handle, ready to be stitched;
+//   - stitching lends whole handles, the last one chosen best-fit, and the stitched view may come
+//     out larger than asked (the surplus stays free and lendable in the stitched view).
+// Where offsets are supported, a fresh allocation is one handle and any free block can be lent.
 //
 // Frees never wait for the device: memory is queued with a fence epoch (reclaimer.cpp).
 //
@@ -44,6 +57,14 @@ std::atomic<unsigned> next_arena_index{0};
 thread_local unsigned tl_arena_index = UINT32_MAX;
 
 constexpr std::size_t kLargeBuffer = 20 * MiB;  // PyTorch's slack for oversize blocks
+constexpr std::uint64_t kCheapFenceNs = 50'000;   // a fence this fast means an idle device
+
+std::uint64_t monotonic_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull +
+         static_cast<std::uint64_t>(ts.tv_nsec);
+}
 
 std::uint64_t now_ns() {
   timespec ts{};
@@ -289,7 +310,12 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
     *out = b;
     return Status::ok;
   }
-  if (!config_.background_reclaim && has_pending()) {
+  // Memory waiting for its fence: fence here instead of taking fresh memory if that is cheap,
+  // i.e. the last fence found the device idle (a tight allocate/free loop with cudaFree
+  // semantics), or if the pool fences only on demand. A busy device is left to the reclaimer.
+  if (fq_head_ != nullptr &&
+      (!config_.background_reclaim ||
+       last_fence_ns_.load(std::memory_order_relaxed) < kCheapFenceNs)) {
     fence_locked();
     if (Block* b = take_cached(rounded, stream)) {
       ++stats_.cache_hits;
@@ -324,6 +350,13 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
         return Status::ok;
       }
     }
+    // The device is full: a cached block may now be split where its remainder gets pinned.
+    if (Block* b = take_cached(rounded, stream, /*relaxed=*/true)) {
+      ++stats_.cache_hits;
+      outcome->how = ServedBy::cache;
+      *out = b;
+      return Status::ok;
+    }
     // Give idle memory back to the driver (whole free views, idle stitched views) and retry:
     // PyTorch's free-cache-and-retry, which also heals fragmentation when stitching is off.
     if (attempt == 0 && trim_locked(0, outcome) == 0) break;
@@ -337,31 +370,61 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
   return Status::out_of_memory;
 }
 
-Block* DevicePool::take_cached(std::size_t rounded, Stream stream) noexcept {
+Block* DevicePool::take_cached(std::size_t rounded, Stream stream, bool relaxed) noexcept {
   if (stream != kAnyStream && !stream_free_.empty()) {
     auto it = stream_free_.find(stream);
     if (it != stream_free_.end()) {
-      Block* b = take_from(it->second, rounded, true);
+      Block* b = take_from(it->second, rounded, true, relaxed);
       if (it->second.empty()) stream_free_.erase(it);
       if (b != nullptr) return b;
     }
   }
-  return take_from(free_, rounded, false);
+  return take_from(free_, rounded, false, relaxed);
 }
 
-Block* DevicePool::take_from(FreeSet& set, std::size_t rounded, bool pending) noexcept {
+// Where to cut b for an allocation of rounded bytes: rounded itself, b->size (use it whole), or
+// 0 (do not use b). Without offset mapping, a remainder that starts inside a handle cannot be
+// lent to a stitch, so the cut goes on a handle boundary when that wastes little.
+std::size_t DevicePool::split_point(const Block* b, std::size_t rounded,
+                                    bool relaxed) const noexcept {
+  if (b->size == rounded || map_offset_ || relaxed) return rounded;
+  const View* v = b->view;
+  const std::size_t cut = b->ptr + rounded - v->base;  // offset of the cut in the view
+  std::size_t boundary = 0;
+  for (const Piece& p : v->pieces) {
+    if (p.offset + p.size >= cut) {
+      boundary = p.offset == cut ? cut : p.offset + p.size;
+      break;
+    }
+  }
+  const std::size_t to_boundary = boundary - (b->ptr - v->base);
+  // Never cut inside a handle: the rest of it could not be lent. Round up to the boundary (or
+  // use the block whole) if that wastes little, or whatever it wastes once the device is full.
+  const std::size_t cut_at = std::min(to_boundary, b->size);
+  return relaxed || cut_at - rounded <= rounded / 8 ? cut_at : 0;
+}
+
+Block* DevicePool::take_from(FreeSet& set, std::size_t rounded, bool pending,
+                             bool relaxed) noexcept {
   Block probe;
   probe.size = rounded;
   probe.ptr = 0;
-  auto it = set.lower_bound(&probe);
-  if (it == set.end()) return nullptr;
-  Block* b = *it;
   const std::size_t max_split = config_.max_split_size;
-  if (rounded < max_split && b->size >= max_split) return nullptr;
-  if (rounded >= max_split && b->size >= rounded + kLargeBuffer) return nullptr;
+  auto it = set.lower_bound(&probe);
+  std::size_t cut = 0;
+  // Best fit; without offset mapping, the few next candidates too, for one with a good cut.
+  for (int tries = 0; it != set.end() && tries < 8; ++it, ++tries) {
+    const Block* b = *it;
+    if (rounded < max_split && b->size >= max_split) return nullptr;
+    if (rounded >= max_split && b->size >= rounded + kLargeBuffer) return nullptr;
+    cut = b->size >= max_split ? b->size : split_point(b, rounded, relaxed);
+    if (cut != 0) break;
+  }
+  if (it == set.end() || cut == 0) return nullptr;
+  Block* b = *it;
   set.erase(it);
-  if (b->size > rounded && b->size < max_split) {
-    Block* rest = split(b, rounded);
+  if (b->size > cut) {
+    Block* rest = split(b, cut);
     if (pending) {
       // The remainder stays queued for its fence, right where b was, and reusable by the stream.
       fq_insert_after(b, rest);
@@ -384,30 +447,48 @@ Status DevicePool::map_access(DevPtr ptr, std::size_t size) noexcept {
 
 Status DevicePool::create_fresh(std::size_t rounded, Block** out) noexcept {
   if (!cap_allows(rounded)) return Status::out_of_memory;
-  PhysHandle h = 0;
-  if (Status s = backend_.create(device_, rounded, &h); s != Status::ok) return s;
+  // One handle, or segment-sized handles where only whole handles can be stitched later.
+  const std::size_t segment = std::max(align_up(config_.segment_size, granularity_), granularity_);
+  std::vector<Handle*> handles;
+  auto release_all = [&] {
+    for (Handle* h : handles) {
+      backend_.release(h->id);
+      delete h;
+    }
+    return Status::out_of_memory;
+  };
+  for (std::size_t done = 0; done < rounded;) {
+    const std::size_t size = map_offset_ ? rounded : std::min(segment, rounded - done);
+    PhysHandle h = 0;
+    if (backend_.create(device_, size, &h) != Status::ok) return release_all();
+    handles.push_back(new Handle{h, size, 1});
+    done += size;
+  }
   DevPtr va = 0;
-  if (backend_.reserve(device_, rounded, &va) != Status::ok) {
-    backend_.release(h);
-    return Status::out_of_memory;
+  if (backend_.reserve(device_, rounded, &va) != Status::ok) return release_all();
+  std::size_t off = 0, mapped = 0;
+  for (; mapped < handles.size(); ++mapped) {
+    if (backend_.map(va + off, handles[mapped]->size, handles[mapped]->id, 0) != Status::ok) break;
+    off += handles[mapped]->size;
   }
-  if (backend_.map(va, rounded, h, 0) != Status::ok) {
+  if (mapped < handles.size() || map_access(va, rounded) != Status::ok) {
+    off = 0;
+    for (std::size_t i = 0; i < mapped; ++i) {
+      backend_.unmap(va + off, handles[i]->size);
+      off += handles[i]->size;
+    }
     backend_.unreserve(va, rounded);
-    backend_.release(h);
-    return Status::out_of_memory;
+    return release_all();
   }
-  if (map_access(va, rounded) != Status::ok) {
-    backend_.unmap(va, rounded);
-    backend_.unreserve(va, rounded);
-    backend_.release(h);
-    return Status::out_of_memory;
-  }
-  auto* handle = new Handle{h, rounded, 1};
   auto* view = new View;
   view->base = va;
   view->size = rounded;
-  view->pieces.push_back(Piece{0, rounded, handle, 0});
-  view->owned.push_back(handle);
+  off = 0;
+  for (Handle* h : handles) {
+    view->pieces.push_back(Piece{off, h->size, h, 0});
+    view->owned.push_back(h);
+    off += h->size;
+  }
   auto* b = new Block;
   b->ptr = va;
   b->size = rounded;
@@ -417,7 +498,7 @@ Status DevicePool::create_fresh(std::size_t rounded, Block** out) noexcept {
   views_.emplace(va, view);
   stats_.bytes_reserved += rounded;
   stats_.bytes_mapped += rounded;
-  ++stats_.handles;
+  stats_.handles += handles.size();
   ++stats_.views;
   stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.bytes_reserved);
   *out = b;
@@ -432,17 +513,14 @@ void DevicePool::lendable(Block* b, std::vector<Segment>* out) const noexcept {
     out->push_back({b->ptr, b->size});
     return;
   }
-  // Without offset mapping only whole handles, mapped whole, can be lent.
+  // Without offset mapping only whole handles, mapped whole, can be lent: one segment each, so
+  // that a stitch takes no more handles than it needs.
   const View* v = b->view;
   for (const Piece& p : v->pieces) {
     DevPtr start = v->base + p.offset;
     if (start < b->ptr || start + p.size > b->end()) continue;
     if (p.handle_offset != 0 || p.size != p.handle->size) continue;
-    if (!out->empty() && out->back().ptr + out->back().size == start) {
-      out->back().size += p.size;
-    } else {
-      out->push_back({start, p.size});
-    }
+    out->push_back({start, p.size});
   }
 }
 
@@ -477,18 +555,22 @@ Status DevicePool::stitch(std::size_t rounded, Block** out, std::size_t* pieces)
   for (auto it = free_.rbegin(); it != free_.rend(); ++it) lendable(*it, &segments);
   std::stable_sort(segments.begin(), segments.end(),
                    [](const Segment& a, const Segment& b) { return a.size > b.size; });
+  // Largest first; once one segment can cover what is left, the smallest such one (least surplus
+  // where handles cannot be cut).
   std::vector<Segment> chosen;
   std::size_t taken = 0;
-  for (const Segment& s : segments) {
-    if (taken >= rounded) break;
-    std::size_t want = rounded - taken;
-    if (s.size <= want || !map_offset_) {
-      chosen.push_back(s);  // whole (without offset mapping a handle cannot be cut)
-      taken += s.size;
-    } else {
-      chosen.push_back({s.ptr, want});
-      taken += want;
+  for (std::size_t i = 0; i < segments.size() && taken < rounded;) {
+    const std::size_t want = rounded - taken;
+    std::size_t j = i;
+    while (j + 1 < segments.size() && segments[j + 1].size >= want) ++j;
+    if (segments[j].size >= want) {
+      chosen.push_back(map_offset_ ? Segment{segments[j].ptr, want} : segments[j]);
+      taken += chosen.back().size;
+      break;
     }
+    chosen.push_back(segments[i]);
+    taken += segments[i].size;
+    ++i;
   }
   if (chosen.empty()) return Status::out_of_memory;  // nothing cached: stitching cannot help
   const std::size_t extra = taken < rounded ? rounded - taken : 0;
@@ -561,11 +643,15 @@ Status DevicePool::stitch(std::size_t rounded, Block** out, std::size_t* pieces)
   }
   auto* alloc = new Block;
   alloc->ptr = va;
-  alloc->size = rounded;
+  alloc->size = total;
   alloc->view = view;
   alloc->state = BlockState::allocated;
   view->first = alloc;
-  if (total > rounded) free_.insert(split(alloc, rounded));
+  if (total > rounded) {
+    Block* surplus = split(alloc, rounded);  // whole handles beyond the request stay cached
+    surplus->state = BlockState::free;
+    free_.insert(surplus);
+  }
   views_.emplace(va, view);
   stats_.bytes_mapped += total;
   ++stats_.views;
@@ -735,7 +821,9 @@ void DevicePool::promote(std::uint64_t epoch) noexcept {
 // Fences the large pool only: the arenas' locks come before the device lock.
 void DevicePool::fence_locked() noexcept {
   const std::uint64_t target = epoch_.fetch_add(1);
+  const std::uint64_t start = monotonic_ns();
   if (backend_.synchronize(device_) == Status::ok) promote(target);
+  last_fence_ns_.store(monotonic_ns() - start, std::memory_order_relaxed);
 }
 
 bool DevicePool::fence_pass() noexcept {
@@ -746,7 +834,9 @@ bool DevicePool::fence_pass() noexcept {
     target = epoch_.fetch_add(1);
   }
   // The device is waited for without the lock: allocations and frees go on meanwhile.
+  const std::uint64_t start = monotonic_ns();
   if (backend_.synchronize(device_) != Status::ok) return false;
+  last_fence_ns_.store(monotonic_ns() - start, std::memory_order_relaxed);
   promote_arenas(target);
   Outcome outcome;
   bool more;

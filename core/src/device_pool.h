@@ -81,8 +81,10 @@ class DevicePool final : private ChunkSource {
   // --- allocation paths (lock held) ---
   Status allocate_large(std::size_t size, std::size_t rounded, Stream stream, Block** out,
                         Outcome* outcome) noexcept;
-  Block* take_cached(std::size_t rounded, Stream stream) noexcept;
-  Block* take_from(FreeSet& set, std::size_t rounded, bool pending) noexcept;
+  // relaxed: may split a block where the remainder cannot be lent (see device_pool.cpp).
+  Block* take_cached(std::size_t rounded, Stream stream, bool relaxed = false) noexcept;
+  Block* take_from(FreeSet& set, std::size_t rounded, bool pending, bool relaxed) noexcept;
+  std::size_t split_point(const Block* b, std::size_t rounded, bool relaxed) const noexcept;
   Status create_fresh(std::size_t rounded, Block** out) noexcept;
   Status stitch(std::size_t rounded, Block** out, std::size_t* pieces) noexcept;
   bool cap_allows(std::size_t bytes) const noexcept;
@@ -147,6 +149,7 @@ class DevicePool final : private ChunkSource {
   Block* fq_head_ = nullptr;
   Block* fq_tail_ = nullptr;
   std::atomic<std::uint64_t> epoch_{1};
+  std::atomic<std::uint64_t> last_fence_ns_{UINT64_MAX};  // how long the last fence waited
   std::vector<std::unique_ptr<Arena>> arenas_;
   DeviceStats stats_;
   std::size_t last_device_free_ = 0;

@@ -105,10 +105,11 @@ TEST(PoolStress, ThirtyTwoThreadsWithForcedStitching) {
     pool.trim(0);
     EXPECT_EQ(pool.stats(0).bytes_reserved, 0u);
     ooms_seen = ooms, allocs_done = allocs, frees_done = frees, trims_done = trims;
-    std::printf("stress: %.1f s, %llu allocations, %llu frees, %llu trims, %llu OOMs, %llu stitches\n",
-                seconds, (unsigned long long)allocs_done, (unsigned long long)frees_done,
-                (unsigned long long)trims_done, (unsigned long long)ooms_seen,
-                (unsigned long long)s.stitches);
+    std::printf(
+        "stress: %.1f s, %llu allocations, %llu frees, %llu trims, %llu OOMs, %llu stitches\n",
+        seconds, (unsigned long long)allocs_done, (unsigned long long)frees_done,
+        (unsigned long long)trims_done, (unsigned long long)ooms_seen,
+        (unsigned long long)s.stitches);
   }
   EXPECT_EQ(dev.sim->used(0), 0u);
   EXPECT_EQ(dev.sim->live_handles(), 0u);
