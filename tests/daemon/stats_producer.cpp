@@ -2,10 +2,12 @@
 // runs it, holding a known set of allocations. Prints "READY <pid>" once its record holds them.
 //
 //   stats_producer --prefix P [--devices N] [--blocks K] [--size-mib S] [--interval-ms I]
-//                  [--churn]
+//                  [--churn] [--oom]
 // Each device holds K live blocks of S MiB (bytes_requested = K*S MiB, live_blocks = K). With
 // --churn the program keeps allocating and freeing one more block, so a SIGKILL lands in the
-// middle of updates. SIGTERM/SIGINT exit cleanly (the record is removed).
+// middle of updates. With --oom it first asks for more than the device holds (32 GiB on a 16 GiB
+// simulated device), so the pool reports one out-of-memory event. SIGTERM/SIGINT exit cleanly
+// (the record is removed).
 #include <signal.h>
 #include <unistd.h>
 
@@ -30,7 +32,7 @@ int main(int argc, char** argv) {
   std::string prefix = "gpustitch";
   int devices = 1, blocks = 2;
   unsigned size_mib = 4, interval_ms = 50;
-  bool churn = false;
+  bool churn = false, oom = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : ""; };
@@ -46,6 +48,8 @@ int main(int argc, char** argv) {
       interval_ms = static_cast<unsigned>(std::atoi(next()));
     else if (a == "--churn")
       churn = true;
+    else if (a == "--oom")
+      oom = true;
     else {
       std::fprintf(stderr, "stats_producer: unknown argument %s\n", a.c_str());
       return 2;
@@ -90,6 +94,14 @@ int main(int argc, char** argv) {
       }
       live.emplace_back(d, p);
     }
+  if (oom) {
+    gpustitch::DevPtr p = 0;
+    auto st = pool.allocate(0, 32 * gpustitch::GiB, gpustitch::kAnyStream, &p);
+    if (st != gpustitch::Status::out_of_memory) {
+      std::fprintf(stderr, "stats_producer: 32 GiB on 16 GiB gave %s\n", gpustitch::to_string(st));
+      return 1;
+    }
+  }
   publisher.publish_now();
   std::printf("READY %d\n", static_cast<int>(::getpid()));
   std::fflush(stdout);

@@ -319,6 +319,34 @@ TEST_F(StatsEndToEnd, EveryProducerShowsWithItsFiguresAndKilledOnesAreReaped) {
   EXPECT_EQ(run({GPUSTITCH_CLI, "ps", "--daemon", "--socket", socket_}).first, 4);
 }
 
+// An out-of-memory in the pool reaches the record's event ring with its figures, the OOM counter,
+// the CLI and Prometheus.
+TEST_F(StatsEndToEnd, PoolOutOfMemoryShowsAsAnEventWithItsFigures) {
+  Child c = producer({"--oom", "--blocks", "1", "--size-mib", "2"});
+  ASSERT_TRUE(eventually([&] {
+    auto a = query({{"cmd", "show"}, {"pid", c.pid}});
+    return a && (*a)["ok"].get<bool>() && !(*a)["process"]["events"].empty();
+  }));
+  auto [rc, out] =
+      run({GPUSTITCH_CLI, "show", std::to_string(c.pid), "--json", "--socket", socket_});
+  ASSERT_EQ(rc, 0);
+  json p = json::parse(out)["process"];
+  EXPECT_EQ(p["devices"][0]["ooms"].get<std::uint64_t>(), 1u);
+  const json* oom = nullptr;
+  for (const auto& e : p["events"])
+    if (e["kind"] == "oom") oom = &e;
+  ASSERT_TRUE(oom) << p["events"].dump();
+  EXPECT_EQ((*oom)["device"].get<int>(), 0);
+  EXPECT_EQ((*oom)["size"].get<std::uint64_t>(), 32ull << 30);
+  EXPECT_LT((*oom)["largest_possible"].get<std::uint64_t>(), 16ull << 30);
+  EXPECT_GT((*oom)["time_ns"].get<std::uint64_t>(), 0u);
+  auto [hrc, human] = run({GPUSTITCH_CLI, "show", std::to_string(c.pid), "--socket", socket_});
+  EXPECT_NE(human.find("oom  dev 0  requested 32.0 GiB"), std::string::npos) << human;
+  EXPECT_NE(http_get(port_, "/metrics")
+                .find("gpustitch_oom_total{pid=\"" + std::to_string(c.pid) + "\",device=\"0\""),
+            std::string::npos);
+}
+
 // Another user: cannot read or write someone else's record, and the daemon and CLI show each
 // user only their own processes; root sees all.
 TEST_F(StatsEndToEnd, UsersSeeOnlyTheirOwnProcesses) {
