@@ -115,8 +115,7 @@ void StatsPublisher::Impl::recreate_locked() noexcept {
   std::string why;
   auto fresh = RecordWriter::create(old->name(), self_exe(), self_cmdline(), interval_ms, &why);
   if (!fresh) return;  // try again next interval
-  std::memcpy(static_cast<void*>(&fresh->record()->events),
-              static_cast<const void*>(&old->record()->events), sizeof(EventRing));
+  fresh->copy_events_from(*old->record());
   {
     std::lock_guard lk(sites_mu);
     fresh->publish_sites(sites, realtime_ns());

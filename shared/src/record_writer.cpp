@@ -133,6 +133,30 @@ void RecordWriter::record_event(const RecordEvent& e) noexcept {
   seq.store(2 * index + 2, std::memory_order_release);
 }
 
+void RecordWriter::copy_events_from(const Record& source) noexcept {
+  auto& src = const_cast<EventRing&>(source.events);  // atomic_ref needs non-const; only loads
+  EventRing& dst = record_->events;
+  for (int i = 0; i < kEventSlots; ++i) {
+    std::uint64_t s1 =
+        std::atomic_ref<std::uint64_t>(src.slots[i].seq).load(std::memory_order_acquire);
+    if (s1 == 0 || (s1 & 1)) continue;
+    EventSlot copy;
+    std::memcpy(static_cast<void*>(&copy), &src.slots[i], sizeof copy);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (std::atomic_ref<std::uint64_t>(src.slots[i].seq).load(std::memory_order_relaxed) != s1)
+      continue;
+    copy.seq = 0;
+    std::memcpy(static_cast<void*>(&dst.slots[i]), &copy, sizeof copy);
+    std::atomic_ref<std::uint64_t>(dst.slots[i].seq).store(s1, std::memory_order_release);
+  }
+  std::atomic_ref<std::uint64_t>(dst.dropped)
+      .store(std::atomic_ref<std::uint64_t>(src.dropped).load(std::memory_order_relaxed),
+             std::memory_order_relaxed);
+  std::atomic_ref<std::uint64_t>(dst.head).store(
+      std::atomic_ref<std::uint64_t>(src.head).load(std::memory_order_acquire),
+      std::memory_order_release);
+}
+
 void RecordWriter::publish_sites(std::span<const Site> sites, std::uint64_t now_ns) noexcept {
   SiteTable& t = record_->sites;
   std::size_t n = std::min<std::size_t>(sites.size(), kMaxSites);

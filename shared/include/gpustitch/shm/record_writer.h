@@ -48,6 +48,10 @@ class RecordWriter {
   void publish(std::span<const DeviceCounters> devices, std::uint64_t now_ns) noexcept;
   // Any thread; never waits.
   void record_event(const RecordEvent& event) noexcept;
+  // Copies the complete events of another record's ring into this one (which must not receive
+  // events yet): each slot is copied under its own sequence check, so a slot being written at
+  // the time is left out rather than copied torn.
+  void copy_events_from(const Record& source) noexcept;
   // Single writer (serialize in-process): replaces the site table.
   void publish_sites(std::span<const Site> sites, std::uint64_t now_ns) noexcept;
 
