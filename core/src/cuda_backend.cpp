@@ -74,6 +74,32 @@ struct Driver {
 #define GPUSTITCH_DECLARE(name) decltype(&::name) name = nullptr;
   GPUSTITCH_DRIVER_ENTRY_POINTS(GPUSTITCH_DECLARE)
 #undef GPUSTITCH_DECLARE
+  // Optional: without it, calls behave as the driver's default capture mode says.
+  decltype(&::cuThreadExchangeStreamCaptureMode) cuThreadExchangeStreamCaptureMode = nullptr;
+};
+
+// While another thread captures a CUDA graph in the global capture mode, "unsafe" calls from any
+// thread (cuMemCreate, cuCtxSynchronize, ...) would invalidate that capture. The pool's calls are
+// unrelated to the captured streams, so each backend call runs in the relaxed mode for its
+// thread, and the thread's previous mode is restored afterwards.
+class RelaxedCapture {
+ public:
+  explicit RelaxedCapture(const Driver& d) noexcept : d_(d) {
+    if (d_.cuThreadExchangeStreamCaptureMode != nullptr) {
+      mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+      active_ = d_.cuThreadExchangeStreamCaptureMode(&mode_) == CUDA_SUCCESS;
+    }
+  }
+  ~RelaxedCapture() {
+    if (active_) d_.cuThreadExchangeStreamCaptureMode(&mode_);
+  }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  const Driver& d_;
+  CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+  bool active_ = false;
 };
 
 // CUDA 13 changed cuCtxSynchronize's ABI: asked for at version 13000, cuGetProcAddress returns
@@ -235,7 +261,7 @@ class CudaBackend final : public Backend {
   // Pushes ctx for the guard's lifetime.
   class PushedContext {
    public:
-    PushedContext(const Driver& d, CUcontext ctx) noexcept : d_(d) {
+    PushedContext(const Driver& d, CUcontext ctx) noexcept : d_(d), relaxed_(d) {
       result_ = d_.cuCtxPushCurrent(ctx);
     }
     ~PushedContext() {
@@ -251,13 +277,14 @@ class CudaBackend final : public Backend {
 
    private:
     const Driver& d_;
+    RelaxedCapture relaxed_;
     CUresult result_;
   };
 
   // Pushes ctx only when the calling thread has no current context.
   class ContextIfNone {
    public:
-    ContextIfNone(const Driver& d, CUcontext ctx) noexcept : d_(d) {
+    ContextIfNone(const Driver& d, CUcontext ctx) noexcept : d_(d), relaxed_(d) {
       CUcontext current = nullptr;
       if (d_.cuCtxGetCurrent(&current) == CUDA_SUCCESS && current == nullptr && ctx != nullptr) {
         pushed_ = d_.cuCtxPushCurrent(ctx) == CUDA_SUCCESS;
@@ -274,6 +301,7 @@ class CudaBackend final : public Backend {
 
    private:
     const Driver& d_;
+    RelaxedCapture relaxed_;
     bool pushed_ = false;
   };
 
@@ -374,6 +402,9 @@ std::unique_ptr<Backend> load(std::string* why, DriverResolver resolver, void* r
   if (d.name == nullptr && missing == nullptr) missing = #name;
   GPUSTITCH_DRIVER_ENTRY_POINTS(GPUSTITCH_RESOLVE)
 #undef GPUSTITCH_RESOLVE
+  d.cuThreadExchangeStreamCaptureMode =
+      reinterpret_cast<decltype(d.cuThreadExchangeStreamCaptureMode)>(
+          loader.resolve("cuThreadExchangeStreamCaptureMode"));
   if (missing != nullptr) {
     char text[160];
     std::snprintf(text, sizeof text, "driver entry point %s not found (driver too old?)", missing);

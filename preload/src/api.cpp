@@ -1,0 +1,97 @@
+// The documented C API (include/gpustitch/gpustitch.h): PyTorch's pluggable-allocator entry points
+// and the introspection calls tests and tools use.
+#include <cstring>
+
+#include "gpustitch/gpustitch.h"
+#include "hooks.h"
+#include "real_api.h"
+#include "shim.h"
+
+using namespace gpustitch;
+using namespace gpustitch::cuda;
+using gpustitch::preload::Hook;
+namespace pl = gpustitch::preload;
+
+#ifndef GPUSTITCH_VERSION
+#define GPUSTITCH_VERSION "unknown"
+#endif
+
+extern "C" {
+
+__attribute__((visibility("default"))) void* gpustitch_malloc(ssize_t size, int device,
+                                                              struct CUstream_st* stream) {
+  if (size < 0) return nullptr;
+  auto bytes = static_cast<std::size_t>(size);
+  Pool* pool = pl::serving_pool();
+  if (pool) {
+    DevPtr out = 0;
+    Status s = pool->allocate(device, bytes, pl::stream_key(stream, false), &out);
+    if (s == Status::ok) return reinterpret_cast<void*>(out);
+    if (s == Status::out_of_memory) {
+      pl::log_oom(*pool, device, bytes);
+      return nullptr;
+    }
+  }
+  // Not served by the pool: the driver, on the caller's current context (PyTorch makes device
+  // current before calling).
+  auto alloc = pl::real_as<PFN_cuMemAlloc_v2>(Hook::cuMemAlloc_v2);
+  CUdeviceptr p = 0;
+  if (!alloc || bytes == 0) return nullptr;
+  pl::PassthroughScope guard;
+  return alloc(&p, bytes) == CUDA_SUCCESS ? reinterpret_cast<void*>(p) : nullptr;
+}
+
+__attribute__((visibility("default"))) void gpustitch_free(void* ptr, ssize_t /*size*/,
+                                                           int /*device*/,
+                                                           struct CUstream_st* stream) {
+  if (!ptr) return;
+  auto p = reinterpret_cast<DevPtr>(ptr);
+  Pool* pool = pl::existing_pool();
+  if (pool && pool->deallocate(p, pl::stream_key(stream, false)) == Status::ok) return;
+  auto free_fn = pl::real_as<PFN_cuMemFree_v2>(Hook::cuMemFree_v2);
+  if (!free_fn) return;
+  pl::PassthroughScope guard;
+  free_fn(p);
+}
+
+__attribute__((visibility("default"))) int gpustitch_active(void) {
+  return pl::shim_active() ? 1 : 0;
+}
+
+__attribute__((visibility("default"))) int gpustitch_owns(const void* ptr) {
+  Pool* pool = pl::existing_pool();
+  return pool && ptr && pool->find(reinterpret_cast<DevPtr>(ptr)) ? 1 : 0;
+}
+
+__attribute__((visibility("default"))) int gpustitch_get_stats(int device,
+                                                               gpustitch_device_stats* out,
+                                                               size_t size) {
+  Pool* pool = pl::shim_active() ? pl::existing_pool() : nullptr;
+  if (!pool || !out || device < 0 || device >= pool->device_count()) return -1;
+  DeviceStats s = pool->stats(device);
+  gpustitch_device_stats r{};
+  r.allocs = s.allocs;
+  r.frees = s.frees;
+  r.cache_hits = s.cache_hits;
+  r.fresh = s.fresh;
+  r.stitches = s.stitches;
+  r.ooms = s.ooms;
+  r.live_blocks = s.live_blocks;
+  r.bytes_requested = s.bytes_requested;
+  r.bytes_allocated = s.bytes_allocated;
+  r.bytes_reserved = s.bytes_reserved;
+  r.bytes_cached = s.bytes_cached;
+  r.peak_allocated = s.peak_allocated;
+  r.peak_reserved = s.peak_reserved;
+  r.largest_possible = s.largest_possible;
+  r.device_free = s.device_free;
+  r.device_total = s.device_total;
+  std::memcpy(out, &r, size < sizeof r ? size : sizeof r);
+  return 0;
+}
+
+__attribute__((visibility("default"))) const char* gpustitch_version(void) {
+  return GPUSTITCH_VERSION;
+}
+
+}  // extern "C"

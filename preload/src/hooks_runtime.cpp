@@ -1,0 +1,185 @@
+// Runtime-level hooks: what programs linked against the shared CUDA runtime call through the PLT
+// (PyTorch's libtorch_cuda.so imports cudaMalloc@libcudart.so.13). Serving here rather than at the
+// driver level keeps the runtime's bookkeeping out of the fast path.
+//
+// Every call the shim does not serve goes to the real runtime function under the passthrough
+// guard: the runtime implements it with driver calls that reach the shim's driver hooks, and those
+// must not serve the same allocation a second time.
+#include <atomic>
+
+#include "hooks.h"
+#include "real_api.h"
+#include "shim.h"
+
+using namespace gpustitch;
+using namespace gpustitch::cuda;
+using gpustitch::preload::Hook;
+namespace pl = gpustitch::preload;
+
+namespace {
+
+template <typename Fn, typename... Args>
+cudaError forward(Hook h, Args... args) {
+  auto fn = pl::real_as<Fn>(h);
+  if (!fn) return cudaErrorInitializationError;
+  pl::PassthroughScope guard;
+  return fn(args...);
+}
+
+// cudaMalloc semantics on the runtime's current device. -1: forward instead.
+int serve_sync_alloc(Pool* pool, void** ptr, std::size_t size) {
+  int device = 0;
+  if (!pl::runtime_current_device(&device)) return -1;
+  DevPtr out = 0;
+  Status s = pool->allocate(device, size, kAnyStream, &out);
+  if (s == Status::ok) {
+    *ptr = reinterpret_cast<void*>(out);
+    return cudaSuccess;
+  }
+  if (s == Status::out_of_memory) {
+    pl::log_oom(*pool, device, size);
+    pl::set_runtime_last_error_oom();
+    return cudaErrorMemoryAllocation;
+  }
+  return -1;
+}
+
+cudaError malloc_async(void** ptr, std::size_t size, CUstream stream, bool per_thread) {
+  Hook h = per_thread ? Hook::cudaMallocAsync_ptsz : Hook::cudaMallocAsync;
+  Pool* pool = pl::serving_pool();
+  int device = 0;
+  if (pool && ptr && size != 0) {
+    if (!pl::stream_capturing(stream, per_thread) &&
+        pl::stream_device(stream, per_thread, true, &device)) {
+      DevPtr out = 0;
+      Status s = pool->allocate(device, size, pl::stream_key(stream, per_thread), &out);
+      if (s == Status::ok) {
+        *ptr = reinterpret_cast<void*>(out);
+        return cudaSuccess;
+      }
+      if (s == Status::out_of_memory) {
+        pl::log_oom(*pool, device, size);
+        pl::set_runtime_last_error_oom();
+        return cudaErrorMemoryAllocation;
+      }
+    }
+    pl::note_passthrough();
+  }
+  return forward<PFN_cudaMallocAsync>(h, ptr, size, stream);
+}
+
+cudaError free_async(void* ptr, CUstream stream, bool per_thread) {
+  Hook h = per_thread ? Hook::cudaFreeAsync_ptsz : Hook::cudaFreeAsync;
+  Pool* pool = pl::existing_pool();
+  auto p = reinterpret_cast<DevPtr>(ptr);
+  if (pool && p) {
+    if (pl::stream_capturing(stream, per_thread)) {
+      if (pool->find(p)) {
+        pl::log().error(
+            "cudaFreeAsync of pool memory on a capturing stream is not supported; allocate memory "
+            "used by CUDA graphs inside the capture");
+        return cudaErrorStreamCaptureUnsupported;
+      }
+    } else if (pool->deallocate(p, pl::stream_key(stream, per_thread)) == Status::ok) {
+      return cudaSuccess;
+    }
+  }
+  return forward<PFN_cudaFreeAsync>(h, ptr, stream);
+}
+
+}  // namespace
+
+extern "C" {
+
+__attribute__((visibility("default"))) cudaError cudaMalloc(void** ptr, size_t size) {
+  Pool* pool = pl::serving_pool();
+  if (pool && ptr && size != 0) {
+    int r = pl::ipc_native() ? -1 : serve_sync_alloc(pool, ptr, size);
+    if (r >= 0) return r;
+    pl::note_passthrough();
+  }
+  return forward<PFN_cudaMalloc>(Hook::cudaMalloc, ptr, size);
+}
+
+__attribute__((visibility("default"))) cudaError cudaFree(void* ptr) {
+  Pool* pool = pl::existing_pool();
+  if (pool && ptr && pool->deallocate(reinterpret_cast<DevPtr>(ptr), kAnyStream) == Status::ok) {
+    return cudaSuccess;
+  }
+  return forward<PFN_cudaFree>(Hook::cudaFree, ptr);
+}
+
+__attribute__((visibility("default"))) cudaError cudaMallocAsync(void** ptr, size_t size,
+                                                                 CUstream stream) {
+  return malloc_async(ptr, size, stream, false);
+}
+__attribute__((visibility("default"))) cudaError cudaMallocAsync_ptsz(void** ptr, size_t size,
+                                                                      CUstream stream) {
+  return malloc_async(ptr, size, stream, true);
+}
+__attribute__((visibility("default"))) cudaError cudaFreeAsync(void* ptr, CUstream stream) {
+  return free_async(ptr, stream, false);
+}
+__attribute__((visibility("default"))) cudaError cudaFreeAsync_ptsz(void* ptr, CUstream stream) {
+  return free_async(ptr, stream, true);
+}
+
+__attribute__((visibility("default"))) cudaError cudaMallocPitch(void** ptr, size_t* pitch,
+                                                                 size_t width, size_t height) {
+  Pool* pool = pl::serving_pool();
+  if (pool && ptr && pitch && width != 0 && height != 0) {
+    std::size_t p = align_up(width, kPitchAlignment);
+    if (!pl::ipc_native() && p >= width && height <= SIZE_MAX / p) {
+      int r = serve_sync_alloc(pool, ptr, p * height);
+      if (r == cudaSuccess) *pitch = p;
+      if (r >= 0) return r;
+    }
+    pl::note_passthrough();
+  }
+  return forward<PFN_cudaMallocPitch>(Hook::cudaMallocPitch, ptr, pitch, width, height);
+}
+
+__attribute__((visibility("default"))) cudaError cudaMemGetInfo(size_t* free, size_t* total) {
+  Pool* pool = pl::serving_pool();
+  int device = 0;
+  if (pool && free && total && pl::runtime_current_device(&device)) {
+    std::size_t f = 0, t = 0;
+    if (pool->mem_info(device, &f, &t) == Status::ok) {
+      *free = f;
+      *total = t;
+      return cudaSuccess;
+    }
+  }
+  return forward<PFN_cudaMemGetInfo>(Hook::cudaMemGetInfo, free, total);
+}
+
+__attribute__((visibility("default"))) cudaError cudaDeviceEnablePeerAccess(int peer,
+                                                                            unsigned flags) {
+  cudaError r =
+      forward<PFN_cudaDeviceEnablePeerAccess>(Hook::cudaDeviceEnablePeerAccess, peer, flags);
+  if (r != cudaSuccess && r != cudaErrorPeerAccessAlreadyEnabled) return r;
+  Pool* pool = pl::serving_pool();
+  int device = 0;
+  // The current device may now read peer's memory: pool memory of peer must be mapped for it too.
+  if (pool && pl::driver_current_device(&device) &&
+      pool->grant_peer_access(peer, device) != Status::ok) {
+    pl::log().error("could not map pool memory of device {} for peer device {}", peer, device);
+  }
+  return r;
+}
+
+__attribute__((visibility("default"))) cudaError cudaIpcGetMemHandle(void* handle, void* ptr) {
+  Pool* pool = pl::existing_pool();
+  if (pool && handle && ptr && pool->find(reinterpret_cast<DevPtr>(ptr))) {
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true)) {
+      pl::log().error(
+          "cudaIpcGetMemHandle on pool memory is not supported; run with GPUSTITCH_CONF=ipc:native "
+          "to keep cudaMalloc allocations native so they can be shared");
+    }
+    return cudaErrorNotSupported;
+  }
+  return forward<PFN_cudaIpcGetMemHandle>(Hook::cudaIpcGetMemHandle, handle, ptr);
+}
+
+}  // extern "C"

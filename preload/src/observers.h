@@ -1,0 +1,18 @@
+// Creation of the pool's observers from the configuration. See observers.cpp.
+#pragma once
+
+#include <spdlog/logger.h>
+
+#include "gpustitch/config.h"
+#include "gpustitch/pool.h"
+#include "observer_fanout.h"
+
+namespace gpustitch::preload {
+
+// Adds to fanout every observer the configuration asks for. Called once, during the shim's lazy
+// initialisation, right after pool was created with fanout as its observer and before any other
+// thread can reach the pool through a hook.
+void add_configured_observers(const Config& config, Pool& pool, ObserverFanout& fanout,
+                              spdlog::logger& log);
+
+}  // namespace gpustitch::preload

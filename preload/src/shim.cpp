@@ -1,0 +1,325 @@
+// See shim.h for the design.
+#include "shim.h"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <spdlog/sinks/stdout_sinks.h>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "gpustitch/backend_factory.h"
+#include "gpustitch/config.h"
+#include "observer_fanout.h"
+#include "observers.h"
+#include "real_api.h"
+
+namespace gpustitch::preload {
+
+thread_local int t_passthrough_depth = 0;
+
+namespace {
+
+enum class State : int { uninitialized, serving, native };
+
+std::atomic<State> g_state{State::uninitialized};
+std::atomic<Pool*> g_pool{nullptr};
+std::mutex g_init_mutex;
+thread_local bool t_initializing = false;
+pid_t g_owner_pid = 0;  // process that created the pool (the exit summary is its alone)
+bool g_ipc_native = false;
+
+constexpr int kMaxCountedDevices = 64;
+std::atomic<std::uint64_t> g_passed_through[kMaxCountedDevices];
+
+// Leaked on purpose (see shim.h): these outlive every static destructor.
+Config* g_config = nullptr;
+Backend* g_backend = nullptr;
+ObserverFanout* g_fanout = nullptr;
+
+spdlog::level::level_enum parse_level(const std::string& s) {
+  auto level = spdlog::level::from_str(s);
+  // from_str returns off for unknown names; config validation already rejected those.
+  return level;
+}
+
+std::string human_bytes(std::uint64_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024.0 && u < 4) v /= 1024.0, ++u;
+  return u == 0 ? fmt::format("{} B", b) : fmt::format("{:.2f} {}", v, units[u]);
+}
+
+void print_summary() noexcept {
+  Pool* pool = g_pool.load(std::memory_order_acquire);
+  if (!pool || getpid() != g_owner_pid) return;
+  auto& lg = log();
+  if (!lg.should_log(spdlog::level::info)) return;
+  for (int d = 0; d < pool->device_count(); ++d) {
+    DeviceStats s = pool->stats(d);
+    std::uint64_t passed =
+        d < kMaxCountedDevices ? g_passed_through[d].load(std::memory_order_relaxed) : 0;
+    lg.info(
+        "summary device {}: allocs {}, cache hits {}, fresh {}, stitches {}, OOMs {}, peak "
+        "reserved {}, passed through {} (backend {})",
+        d, s.allocs, s.cache_hits, s.fresh, s.stitches, s.ooms, human_bytes(s.peak_reserved),
+        passed, pool->backend().name());
+  }
+  lg.flush();
+}
+
+void fork_prepare() noexcept {
+  g_init_mutex.lock();
+  if (Pool* p = g_pool.load(std::memory_order_acquire)) p->atfork_prepare();
+}
+void fork_parent() noexcept {
+  if (Pool* p = g_pool.load(std::memory_order_acquire)) p->atfork_parent();
+  g_init_mutex.unlock();
+}
+void fork_child() noexcept {
+  if (Pool* p = g_pool.load(std::memory_order_acquire)) {
+    p->atfork_child();
+    // The inherited pool describes the parent's device memory: never touch it again.
+    g_pool.store(nullptr, std::memory_order_release);
+    g_state.store(State::native, std::memory_order_release);
+  }
+  g_init_mutex.unlock();
+}
+
+// The configured backend (backend:sim for tests; cuda/auto: the driver, reached only through
+// resolve_real_driver so the backend never calls a hook). Null, after one warning line, when the
+// driver cannot be used.
+std::unique_ptr<Backend> create_backend(const Config& config, spdlog::logger& lg) {
+  std::string why;
+  if (config.backend != BackendKind::sim && !libcuda()) {
+    lg.warn(
+        "libcuda.so.1 not found (no NVIDIA driver); running natively, allocations are not "
+        "pooled");
+    return nullptr;
+  }
+  auto backend = make_backend(config, &why, &resolve_real_driver, nullptr);
+  if (!backend) {
+    lg.warn("{}; running natively, allocations are not pooled",
+            why.empty() ? "CUDA driver unavailable" : why);
+  }
+  return backend;
+}
+
+// Runs once, under g_init_mutex, with t_initializing set.
+void initialize() noexcept {
+  auto& lg = log();
+  try {
+    ConfigResult parsed = config_from_env();
+    g_config = new Config(std::move(parsed.config));
+    lg.set_level(parse_level(g_config->log_level));
+    for (const auto& e : parsed.errors) lg.warn("GPUSTITCH_CONF: {}", e);
+    g_ipc_native = g_config->ipc_native;
+    if (!g_config->enabled) {
+      lg.debug("disabled by configuration (enable:off); passing every call through");
+      g_state.store(State::native, std::memory_order_release);
+      return;
+    }
+    std::unique_ptr<Backend> backend = create_backend(*g_config, lg);
+    if (!backend) {
+      g_state.store(State::native, std::memory_order_release);
+      return;
+    }
+    g_fanout = new ObserverFanout();
+    g_backend = backend.release();
+    Pool* pool = new Pool(*g_backend, *g_config, g_fanout);
+    if (pool->device_count() <= 0) {
+      lg.warn("no CUDA device usable by the pool; running natively");
+      g_state.store(State::native, std::memory_order_release);
+      return;  // pool and backend leak: harmless, and safer than tearing down half-made state
+    }
+    add_configured_observers(*g_config, *pool, *g_fanout, lg);
+    g_owner_pid = getpid();
+    pthread_atfork(&fork_prepare, &fork_parent, &fork_child);
+    std::atexit(&print_summary);
+    lg.debug("serving device allocations from the pool (backend {}, {} device(s))",
+             g_backend->name(), pool->device_count());
+    g_pool.store(pool, std::memory_order_release);
+    g_state.store(State::serving, std::memory_order_release);
+  } catch (...) {
+    // Out of memory on the host while initialising: never propagate into the program.
+    g_state.store(State::native, std::memory_order_release);
+  }
+}
+
+Pool* initialize_slow() noexcept {
+  if (t_initializing) return nullptr;  // a hook reached from inside initialisation
+  {
+    std::lock_guard lock(g_init_mutex);
+    if (g_state.load(std::memory_order_acquire) == State::uninitialized) {
+      t_initializing = true;
+      initialize();
+      t_initializing = false;
+    }
+  }
+  return g_pool.load(std::memory_order_acquire);
+}
+
+}  // namespace
+
+Pool* serving_pool() noexcept {
+  if (t_passthrough_depth != 0) return nullptr;
+  Pool* pool = g_pool.load(std::memory_order_acquire);
+  if (pool) return pool;
+  if (g_state.load(std::memory_order_acquire) != State::uninitialized) return nullptr;
+  return initialize_slow();
+}
+
+Pool* existing_pool() noexcept {
+  if (t_passthrough_depth != 0) return nullptr;
+  return g_pool.load(std::memory_order_acquire);
+}
+
+bool shim_active() noexcept {
+  if (g_pool.load(std::memory_order_acquire)) return true;
+  if (g_state.load(std::memory_order_acquire) == State::uninitialized) initialize_slow();
+  return g_pool.load(std::memory_order_acquire) != nullptr;
+}
+
+bool ipc_native() noexcept {
+  return g_ipc_native;
+}
+
+void note_passthrough() noexcept {
+  int device = 0;
+  if (driver_current_device(&device) && device >= 0 && device < kMaxCountedDevices) {
+    g_passed_through[device].fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+spdlog::logger& log() noexcept {
+  static spdlog::logger* logger = [] {
+    auto sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
+    auto* l = new spdlog::logger("gpustitch", std::move(sink));
+    l->set_pattern("gpustitch: %v");
+    l->set_level(spdlog::level::warn);
+    l->flush_on(spdlog::level::trace);
+    return l;
+  }();
+  return *logger;
+}
+
+void log_oom(Pool& pool, int device, std::size_t size) noexcept {
+  try {
+    DeviceStats s = pool.stats(device);
+    log().error(
+        "out of memory on device {}: requested {}, device free {}, pool cached {}, largest "
+        "possible {}, fragmentation {:.1f}%",
+        device, human_bytes(size), human_bytes(s.device_free), human_bytes(s.bytes_cached),
+        human_bytes(s.largest_possible), 100.0 * s.fragmentation());
+  } catch (...) {
+  }
+}
+
+bool driver_current_device(int* device) noexcept {
+  auto get = driver_calls().ctx_get_device;
+  return get && get(device) == cuda::CUDA_SUCCESS;
+}
+
+bool runtime_current_device(int* device) noexcept {
+  if (driver_current_device(device)) return true;
+  // No current context yet: the native runtime call would create the primary context of the
+  // runtime's current device first. cudaFree(NULL) is the runtime's documented way to do just that.
+  auto free_fn = real_as<cuda::PFN_cudaFree>(Hook::cudaFree);
+  if (!free_fn) return false;
+  {
+    PassthroughScope guard;
+    free_fn(nullptr);
+  }
+  return driver_current_device(device);
+}
+
+bool stream_device(cuda::CUstream stream, bool per_thread, bool runtime, int* device) noexcept {
+  auto v = reinterpret_cast<std::uintptr_t>(stream);
+  if (v > 2) {
+    const auto& d = driver_calls();
+    auto get = per_thread ? d.stream_get_device_ptsz : d.stream_get_device;
+    if (get) return get(stream, device) == cuda::CUDA_SUCCESS;
+  }
+  return runtime ? runtime_current_device(device) : driver_current_device(device);
+}
+
+bool stream_capturing(cuda::CUstream stream, bool per_thread) noexcept {
+  const auto& d = driver_calls();
+  auto query = per_thread ? d.stream_is_capturing_ptsz : d.stream_is_capturing;
+  if (!query) query = d.stream_is_capturing;
+  if (!query) return false;  // a driver without graphs cannot capture
+  int status = cuda::CU_STREAM_CAPTURE_STATUS_NONE;
+  if (query(stream, &status) != cuda::CUDA_SUCCESS) return true;
+  return status != cuda::CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+Stream stream_key(cuda::CUstream stream, bool per_thread) noexcept {
+  auto v = reinterpret_cast<std::uintptr_t>(stream);
+  bool thread_stream = v == 2 || (v == 0 && per_thread);
+  if (!thread_stream) return v == 1 ? 0 : v;
+  // Odd values above 2 are never CUstream handles (those are aligned pointers or 0/1/2), and never
+  // kAnyStream (~0) for any realistic thread count.
+  static std::atomic<std::uintptr_t> next_thread{1};
+  thread_local std::uintptr_t key = 0;
+  if (key == 0) key = (next_thread.fetch_add(1, std::memory_order_relaxed) << 4) | 0x3;
+  return key;
+}
+
+cuda::CUresult to_curesult(Status s) noexcept {
+  switch (s) {
+    case Status::ok:
+      return cuda::CUDA_SUCCESS;
+    case Status::out_of_memory:
+      return cuda::CUDA_ERROR_OUT_OF_MEMORY;
+    case Status::invalid_value:
+      return cuda::CUDA_ERROR_INVALID_VALUE;
+    case Status::invalid_device:
+      return cuda::CUDA_ERROR_INVALID_DEVICE;
+    case Status::not_supported:
+      return cuda::CUDA_ERROR_NOT_SUPPORTED;
+    case Status::not_initialized:
+      return cuda::CUDA_ERROR_NOT_INITIALIZED;
+    case Status::error:
+      break;
+  }
+  return cuda::CUDA_ERROR_UNKNOWN;
+}
+
+cuda::cudaError to_cuda_error(Status s) noexcept {
+  switch (s) {
+    case Status::ok:
+      return cuda::cudaSuccess;
+    case Status::out_of_memory:
+      return cuda::cudaErrorMemoryAllocation;
+    case Status::invalid_value:
+      return cuda::cudaErrorInvalidValue;
+    case Status::invalid_device:
+      return cuda::cudaErrorInvalidDevice;
+    case Status::not_supported:
+      return cuda::cudaErrorNotSupported;
+    case Status::not_initialized:
+      return cuda::cudaErrorInitializationError;
+    case Status::error:
+      break;
+  }
+  return cuda::cudaErrorUnknown;
+}
+
+void set_runtime_last_error_oom() noexcept {
+  auto malloc_fn = real_as<cuda::PFN_cudaMalloc>(Hook::cudaMalloc);
+  if (!malloc_fn) return;
+  PassthroughScope guard;
+  void* p = nullptr;
+  // No device has 4 EiB: the runtime fails this with cudaErrorMemoryAllocation and records it.
+  if (malloc_fn(&p, std::size_t{1} << 62) == cuda::cudaSuccess && p) {
+    auto free_fn = real_as<cuda::PFN_cudaFree>(Hook::cudaFree);
+    if (free_fn) free_fn(p);
+  }
+}
+
+}  // namespace gpustitch::preload

@@ -1,0 +1,90 @@
+// The shim's process-wide state: lazy initialisation, the pool, the passthrough guard, and the
+// helpers every hook shares (current device, stream identity, capture check, error mapping).
+//
+// Lifecycle. Nothing happens when the library is loaded: no constructor runs CUDA or parses
+// configuration, so the loader can never deadlock on the shim. The first hooked call that could be
+// served (an allocation, a memory query) initialises: parse GPUSTITCH_CONF, create the backend
+// (CUDA driver, or the simulated one for tests), the observers and the pool, register fork
+// handlers and the exit summary. If that fails (no driver, no device, no VMM support) the shim
+// logs one warning line and passes every call through from then on. Nothing is ever destroyed:
+// CUDA's own teardown at exit may still call cudaFree through the hooks after static destructors
+// would have run, so the pool simply outlives the process's destructors.
+//
+// Passthrough guard. A thread-local depth counter is raised while the shim calls a real runtime
+// function (cudaMalloc passed through, cudaFree of a foreign pointer, ...). The runtime implements
+// those with driver calls that land in the shim's driver hooks; under the guard those hooks
+// forward to the driver untouched, so one allocation is served once, by one layer. The shim's own
+// backend never sees a hook at all: it gets the real driver functions (resolve_real_driver).
+//
+// fork(). The prepare/parent handlers hold the pool's locks across fork() so the child's copy is
+// consistent; the child then stops using the inherited pool for good (its device memory belongs to
+// the parent; CUDA itself is unusable in a child of a CUDA process) and passes everything through.
+// A child that execs starts afresh through LD_PRELOAD.
+#pragma once
+
+#include <spdlog/logger.h>
+
+#include "cuda_abi.h"
+#include "gpustitch/pool.h"
+
+namespace gpustitch::preload {
+
+// --- passthrough guard --------------------------------------------------------------------------
+extern thread_local int t_passthrough_depth;
+
+class PassthroughScope {
+ public:
+  PassthroughScope() noexcept { ++t_passthrough_depth; }
+  ~PassthroughScope() { --t_passthrough_depth; }
+  PassthroughScope(const PassthroughScope&) = delete;
+  PassthroughScope& operator=(const PassthroughScope&) = delete;
+};
+
+// --- the pool -----------------------------------------------------------------------------------
+// The pool that should serve the current call, initialising on first use; null when the call must
+// pass through (guard raised, shim disabled or unusable, forked child, during initialisation on
+// this thread).
+Pool* serving_pool() noexcept;
+// The pool if it has been initialised and is serving, without initialising (frees, lookups: a
+// pointer cannot be the pool's before the pool exists).
+Pool* existing_pool() noexcept;
+// Initialises if needed and reports whether the pool serves allocations.
+bool shim_active() noexcept;
+// ipc:native: cudaMalloc-semantics allocations stay native so cudaIpcGetMemHandle works on them.
+bool ipc_native() noexcept;
+
+// Counts an allocation the pool could have served but that was passed to CUDA instead (graph
+// capture, ipc:native, a device the pool does not manage), for the current context's device.
+// Reported in the exit summary.
+void note_passthrough() noexcept;
+
+// The shim's logger (stderr, "gpustitch: " prefix). Usable before initialisation.
+spdlog::logger& log() noexcept;
+// One line per out-of-memory: requested, device free, pool cached, largest possible,
+// fragmentation.
+void log_oom(Pool& pool, int device, std::size_t size) noexcept;
+
+// --- devices and streams ------------------------------------------------------------------------
+// The current context's device, through the real driver. False when no context is current.
+bool driver_current_device(int* device) noexcept;
+// Same, but first lets the runtime create its context if none is current yet (what the native
+// runtime call would have done itself).
+bool runtime_current_device(int* device) noexcept;
+// The device a stream-ordered allocation on stream belongs to.
+bool stream_device(cuda::CUstream stream, bool per_thread, bool runtime, int* device) noexcept;
+// Whether stream is being captured into a CUDA graph (then stream-ordered calls keep their native,
+// graph-recording behaviour). Errors count as "capturing": native handling is always safe.
+bool stream_capturing(cuda::CUstream stream, bool per_thread) noexcept;
+// The pool's identity for a stream: the legacy default stream is 0, and the per-thread default
+// stream (handle 0x2, or 0 in a per-thread-stream call) a value unique to the calling thread, since
+// the same handle names a different stream on every thread.
+Stream stream_key(cuda::CUstream stream, bool per_thread) noexcept;
+
+// --- errors -------------------------------------------------------------------------------------
+cuda::CUresult to_curesult(Status s) noexcept;
+cuda::cudaError to_cuda_error(Status s) noexcept;
+// Makes the runtime's sticky "last error" say cudaErrorMemoryAllocation, as a native failed
+// cudaMalloc would have (cudaGetLastError() after an OOM).
+void set_runtime_last_error_oom() noexcept;
+
+}  // namespace gpustitch::preload

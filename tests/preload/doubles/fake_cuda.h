@@ -1,0 +1,19 @@
+// Test controls of the fake CUDA driver (fake_libcuda.cpp). The fake exports the driver's own
+// entry points under their real names; these extra functions let tests inspect and steer it.
+#pragma once
+
+#include <cstddef>
+
+struct CUstream_st;
+struct CUctx_st;
+
+extern "C" {
+// Number of calls that reached the fake's implementation of symbol (exact exported name, e.g.
+// "cuMemAlloc_v2"), since the last reset.
+int fakecuda_calls(const char* symbol);
+void fakecuda_reset_calls();
+// Marks a stream as being captured into a graph (cuStreamIsCapturing answers ACTIVE).
+void fakecuda_set_capturing(CUstream_st* stream, int capturing);
+// Bytes the fake has handed out on device (device, managed and host allocations included).
+std::size_t fakecuda_used(int device);
+}

@@ -1,0 +1,561 @@
+// A fake CUDA driver (libcuda.so.1) on host memory, for testing the preload shim without a GPU.
+//
+// It exports the non-VMM entry points the shim and the fake runtime use, under the real names and,
+// like the real libcuda.so.1, without symbol versions. Device memory is malloc'ed host memory, so
+// tests can check bytes directly. Contexts are one primary context per device, made current per
+// thread; streams are heap objects that remember their device. cuGetProcAddress(_v2) implements the
+// real lookup rules for the entry points it knows: the newest variant whose version is at most the
+// requested one, and the _ptsz variant under CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM.
+//
+// Environment: FAKE_CUDA_DEVICES (default 2), FAKE_CUDA_MEM_MB per device (default 4096).
+// Error codes follow the CUDA driver documentation for each call.
+#include <pthread.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "fake_cuda.h"
+
+#define API extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+using CUresult = int;
+using CUdeviceptr = std::uintptr_t;
+struct Ctx {
+  int device;
+};
+struct Stream {
+  int device;
+  std::atomic<int> capturing{0};
+};
+
+constexpr CUresult kOk = 0, kInvalidValue = 1, kOom = 2, kNotInit = 3, kInvalidDevice = 101,
+                   kInvalidContext = 201, kInvalidHandle = 400, kNotFound = 500, kPeerAlready = 704;
+
+enum class Kind { device, managed, host };
+struct Alloc {
+  std::size_t size;
+  int device;
+  Kind kind;
+};
+
+struct Driver {
+  int devices = 2;
+  std::size_t capacity = 4096ull << 20;
+  std::vector<Ctx> ctxs;
+  std::mutex mu;
+  std::map<CUdeviceptr, Alloc> allocs;
+  std::vector<std::size_t> used;
+  std::map<std::pair<int, int>, bool> peers;
+  bool initialized = false;
+  Driver() {
+    if (const char* d = std::getenv("FAKE_CUDA_DEVICES")) devices = std::atoi(d);
+    if (const char* m = std::getenv("FAKE_CUDA_MEM_MB"))
+      capacity = std::strtoull(m, nullptr, 10) << 20;
+    ctxs.resize(devices);
+    for (int i = 0; i < devices; ++i) ctxs[i].device = i;
+    used.assign(devices, 0);
+  }
+};
+
+void drv_lock();
+void drv_unlock();
+Driver& drv() {
+  static Driver* d = [] {
+    auto* drv = new Driver();
+    // Like fork-aware allocators: no lock is held across fork(), so a child can keep allocating.
+    pthread_atfork([] { drv_lock(); }, [] { drv_unlock(); }, [] { drv_unlock(); });
+    return drv;
+  }();
+  return *d;
+}
+void drv_lock() {
+  drv().mu.lock();
+}
+void drv_unlock() {
+  drv().mu.unlock();
+}
+
+// Call counters, lock-free so that counting is safe in a forked child.
+struct Counter {
+  std::atomic<const char*> name{nullptr};
+  std::atomic<int> calls{0};
+};
+Counter g_counters[128];
+
+thread_local std::vector<Ctx*> t_ctx_stack;  // back() is current
+
+void count(const char* name) {
+  for (Counter& c : g_counters) {
+    const char* n = c.name.load();
+    if (!n) {
+      const char* expected = nullptr;
+      if (c.name.compare_exchange_strong(expected, name))
+        n = name;
+      else
+        n = expected;
+    }
+    if (std::strcmp(n, name) == 0) {
+      ++c.calls;
+      return;
+    }
+  }
+}
+
+Ctx* current() {
+  return t_ctx_stack.empty() ? nullptr : t_ctx_stack.back();
+}
+
+CUresult allocate(CUdeviceptr* p, std::size_t size, int device, Kind kind) {
+  auto& d = drv();
+  std::lock_guard g(d.mu);
+  if (kind != Kind::host && d.used[device] + size > d.capacity) return kOom;
+  void* mem = std::aligned_alloc(256, (size + 255) / 256 * 256);
+  if (!mem) return kOom;
+  auto addr = reinterpret_cast<CUdeviceptr>(mem);
+  d.allocs[addr] = Alloc{size, device, kind};
+  if (kind != Kind::host) d.used[device] += size;
+  *p = addr;
+  return kOk;
+}
+
+CUresult release(CUdeviceptr p, Kind kind) {
+  auto& d = drv();
+  std::lock_guard g(d.mu);
+  auto it = d.allocs.find(p);
+  if (it == d.allocs.end() || (kind == Kind::host) != (it->second.kind == Kind::host)) {
+    return kInvalidValue;
+  }
+  if (it->second.kind != Kind::host) d.used[it->second.device] -= it->second.size;
+  d.allocs.erase(it);
+  std::free(reinterpret_cast<void*>(p));
+  return kOk;
+}
+
+// The allocation containing p, if any.
+bool lookup(CUdeviceptr p, CUdeviceptr* base, Alloc* out) {
+  auto& d = drv();
+  std::lock_guard g(d.mu);
+  auto it = d.allocs.upper_bound(p);
+  if (it == d.allocs.begin()) return false;
+  --it;
+  if (p >= it->first + std::max<std::size_t>(it->second.size, 1)) return false;
+  *base = it->first;
+  *out = it->second;
+  return true;
+}
+
+Stream* as_stream(CUstream_st* s) {
+  return reinterpret_cast<Stream*>(s);
+}
+bool special(CUstream_st* s) {
+  return reinterpret_cast<std::uintptr_t>(s) <= 2;
+}
+
+}  // namespace
+
+// --- test controls
+// ---------------------------------------------------------------------------------
+API int fakecuda_calls(const char* symbol) {
+  for (Counter& c : g_counters) {
+    const char* n = c.name.load();
+    if (n && std::strcmp(n, symbol) == 0) return c.calls.load();
+  }
+  return 0;
+}
+API void fakecuda_reset_calls() {
+  for (Counter& c : g_counters) c.calls = 0;
+}
+API void fakecuda_set_capturing(CUstream_st* s, int capturing) {
+  if (!special(s)) as_stream(s)->capturing = capturing;
+}
+API std::size_t fakecuda_used(int device) {
+  std::lock_guard g(drv().mu);
+  return device >= 0 && device < drv().devices ? drv().used[device] : 0;
+}
+
+// --- initialisation, devices, contexts
+// ---------------------------------------------------------------
+API CUresult cuInit(unsigned flags) {
+  count("cuInit");
+  if (flags != 0) return kInvalidValue;
+  drv().initialized = true;
+  return kOk;
+}
+API CUresult cuDriverGetVersion(int* v) {
+  if (!v) return kInvalidValue;
+  *v = 13000;
+  return kOk;
+}
+API CUresult cuDeviceGetCount(int* n) {
+  if (!n) return kInvalidValue;
+  if (!drv().initialized) return kNotInit;
+  *n = drv().devices;
+  return kOk;
+}
+API CUresult cuDeviceGet(int* dev, int ordinal) {
+  if (!dev) return kInvalidValue;
+  if (ordinal < 0 || ordinal >= drv().devices) return kInvalidDevice;
+  *dev = ordinal;
+  return kOk;
+}
+API CUresult cuDeviceTotalMem_v2(std::size_t* bytes, int dev) {
+  if (!bytes) return kInvalidValue;
+  if (dev < 0 || dev >= drv().devices) return kInvalidDevice;
+  *bytes = drv().capacity;
+  return kOk;
+}
+API CUresult cuDeviceGetAttribute(int* v, int /*attr*/, int dev) {
+  if (!v) return kInvalidValue;
+  if (dev < 0 || dev >= drv().devices) return kInvalidDevice;
+  *v = 1;
+  return kOk;
+}
+API CUresult cuDevicePrimaryCtxRetain(CUctx_st** ctx, int dev) {
+  if (!ctx) return kInvalidValue;
+  if (dev < 0 || dev >= drv().devices) return kInvalidDevice;
+  *ctx = reinterpret_cast<CUctx_st*>(&drv().ctxs[dev]);
+  return kOk;
+}
+API CUresult cuDevicePrimaryCtxRelease_v2(int dev) {
+  return dev < 0 || dev >= drv().devices ? kInvalidDevice : kOk;
+}
+API CUresult cuCtxSetCurrent(CUctx_st* ctx) {
+  if (t_ctx_stack.empty()) t_ctx_stack.push_back(nullptr);
+  t_ctx_stack.back() = reinterpret_cast<Ctx*>(ctx);
+  if (!ctx) t_ctx_stack.pop_back();
+  return kOk;
+}
+API CUresult cuCtxGetCurrent(CUctx_st** ctx) {
+  if (!ctx) return kInvalidValue;
+  *ctx = reinterpret_cast<CUctx_st*>(current());
+  return kOk;
+}
+API CUresult cuCtxPushCurrent_v2(CUctx_st* ctx) {
+  if (!ctx) return kInvalidValue;
+  t_ctx_stack.push_back(reinterpret_cast<Ctx*>(ctx));
+  return kOk;
+}
+API CUresult cuCtxPopCurrent_v2(CUctx_st** ctx) {
+  if (t_ctx_stack.empty()) return kInvalidContext;
+  if (ctx) *ctx = reinterpret_cast<CUctx_st*>(t_ctx_stack.back());
+  t_ctx_stack.pop_back();
+  return kOk;
+}
+API CUresult cuCtxGetDevice(int* dev) {
+  count("cuCtxGetDevice");
+  if (!dev) return kInvalidValue;
+  Ctx* c = current();
+  if (!c) return kInvalidContext;
+  *dev = c->device;
+  return kOk;
+}
+API CUresult cuCtxSynchronize() {
+  return current() ? kOk : kInvalidContext;
+}
+API CUresult cuCtxEnablePeerAccess(CUctx_st* peer, unsigned flags) {
+  count("cuCtxEnablePeerAccess");
+  Ctx* c = current();
+  if (!c || !peer) return kInvalidContext;
+  if (flags != 0) return kInvalidValue;
+  auto key = std::make_pair(c->device, reinterpret_cast<Ctx*>(peer)->device);
+  std::lock_guard g(drv().mu);
+  if (drv().peers[key]) return kPeerAlready;
+  drv().peers[key] = true;
+  return kOk;
+}
+
+// --- streams
+// -------------------------------------------------------------------------------------------
+API CUresult cuStreamCreate(CUstream_st** s, unsigned /*flags*/) {
+  if (!s) return kInvalidValue;
+  Ctx* c = current();
+  if (!c) return kInvalidContext;
+  auto* st = new Stream();
+  st->device = c->device;
+  *s = reinterpret_cast<CUstream_st*>(st);
+  return kOk;
+}
+API CUresult cuStreamDestroy_v2(CUstream_st* s) {
+  if (special(s)) return kInvalidHandle;
+  delete as_stream(s);
+  return kOk;
+}
+API CUresult cuStreamSynchronize(CUstream_st*) {
+  return kOk;
+}
+static CUresult stream_is_capturing(CUstream_st* s, int* status) {
+  if (!status) return kInvalidValue;
+  *status = special(s) ? 0 : as_stream(s)->capturing.load();
+  return kOk;
+}
+API CUresult cuStreamIsCapturing(CUstream_st* s, int* status) {
+  count("cuStreamIsCapturing");
+  return stream_is_capturing(s, status);
+}
+API CUresult cuStreamIsCapturing_ptsz(CUstream_st* s, int* status) {
+  count("cuStreamIsCapturing_ptsz");
+  return stream_is_capturing(s, status);
+}
+static CUresult stream_get_device(CUstream_st* s, int* dev) {
+  if (!dev) return kInvalidValue;
+  if (special(s)) return cuCtxGetDevice(dev);
+  *dev = as_stream(s)->device;
+  return kOk;
+}
+API CUresult cuStreamGetDevice(CUstream_st* s, int* dev) {
+  return stream_get_device(s, dev);
+}
+API CUresult cuStreamGetDevice_ptsz(CUstream_st* s, int* dev) {
+  return stream_get_device(s, dev);
+}
+
+// --- memory
+// ----------------------------------------------------------------------------------------------
+static CUresult mem_alloc(CUdeviceptr* p, std::size_t size) {
+  if (!p || size == 0) return kInvalidValue;
+  Ctx* c = current();
+  if (!c) return kInvalidContext;
+  return allocate(p, size, c->device, Kind::device);
+}
+API CUresult cuMemAlloc_v2(CUdeviceptr* p, std::size_t size) {
+  count("cuMemAlloc_v2");
+  return mem_alloc(p, size);
+}
+// The CUDA 3.0 variant (32-bit sizes), what cuGetProcAddress returns for versions below 3020.
+API CUresult cuMemAlloc(unsigned* p, unsigned size) {
+  count("cuMemAlloc");
+  CUdeviceptr full = 0;
+  // Host addresses do not fit 32 bits: hand out the low half only to show which variant ran.
+  CUresult r = mem_alloc(&full, size);
+  if (r == kOk && p) *p = static_cast<unsigned>(full);
+  return r;
+}
+API CUresult cuMemFree_v2(CUdeviceptr p) {
+  count("cuMemFree_v2");
+  if (!current()) return kInvalidContext;
+  return release(p, Kind::device);
+}
+static CUresult alloc_async(CUdeviceptr* p, std::size_t size, CUstream_st* s) {
+  if (!p || size == 0) return kInvalidValue;
+  int dev = 0;
+  CUresult r = stream_get_device(s, &dev);
+  if (r != kOk) return r;
+  return allocate(p, size, dev, Kind::device);
+}
+API CUresult cuMemAllocAsync(CUdeviceptr* p, std::size_t size, CUstream_st* s) {
+  count("cuMemAllocAsync");
+  return alloc_async(p, size, s);
+}
+API CUresult cuMemAllocAsync_ptsz(CUdeviceptr* p, std::size_t size, CUstream_st* s) {
+  count("cuMemAllocAsync_ptsz");
+  return alloc_async(p, size, s);
+}
+API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream_st*) {
+  count("cuMemFreeAsync");
+  return release(p, Kind::device);
+}
+API CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream_st*) {
+  count("cuMemFreeAsync_ptsz");
+  return release(p, Kind::device);
+}
+API CUresult cuMemAllocPitch_v2(CUdeviceptr* p, std::size_t* pitch, std::size_t width,
+                                std::size_t height, unsigned elem) {
+  count("cuMemAllocPitch_v2");
+  if (!p || !pitch || width == 0 || height == 0) return kInvalidValue;
+  if (elem != 4 && elem != 8 && elem != 16) return kInvalidValue;
+  std::size_t pt = (width + 511) / 512 * 512;
+  CUresult r = mem_alloc(p, pt * height);
+  if (r == kOk) *pitch = pt;
+  return r;
+}
+API CUresult cuMemAllocManaged(CUdeviceptr* p, std::size_t size, unsigned /*flags*/) {
+  count("cuMemAllocManaged");
+  if (!p || size == 0) return kInvalidValue;
+  Ctx* c = current();
+  if (!c) return kInvalidContext;
+  return allocate(p, size, c->device, Kind::managed);
+}
+API CUresult cuMemAllocHost_v2(void** p, std::size_t size) {
+  count("cuMemAllocHost_v2");
+  if (!p || size == 0) return kInvalidValue;
+  CUdeviceptr d = 0;
+  CUresult r = allocate(&d, size, 0, Kind::host);
+  if (r == kOk) *p = reinterpret_cast<void*>(d);
+  return r;
+}
+API CUresult cuMemFreeHost(void* p) {
+  count("cuMemFreeHost");
+  return release(reinterpret_cast<CUdeviceptr>(p), Kind::host);
+}
+API CUresult cuMemGetInfo_v2(std::size_t* free, std::size_t* total) {
+  count("cuMemGetInfo_v2");
+  if (!free || !total) return kInvalidValue;
+  Ctx* c = current();
+  if (!c) return kInvalidContext;
+  std::lock_guard g(drv().mu);
+  *total = drv().capacity;
+  *free = drv().capacity - drv().used[c->device];
+  return kOk;
+}
+API CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, std::size_t* size, CUdeviceptr p) {
+  count("cuMemGetAddressRange_v2");
+  CUdeviceptr b = 0;
+  Alloc a{};
+  if (!lookup(p, &b, &a)) return kNotFound;
+  if (base) *base = b;
+  if (size) *size = a.size;
+  return kOk;
+}
+static bool attribute(int attr, void* data, CUdeviceptr p, bool* known) {
+  CUdeviceptr b = 0;
+  Alloc a{};
+  *known = lookup(p, &b, &a);
+  switch (attr) {
+    case 2: {  // MEMORY_TYPE
+      unsigned v = !*known ? 0 : a.kind == Kind::host ? 1 : 2;
+      std::memcpy(data, &v, sizeof v);
+      return true;
+    }
+    case 3: {  // DEVICE_POINTER
+      CUdeviceptr v = *known ? p : 0;
+      std::memcpy(data, &v, sizeof v);
+      return true;
+    }
+    case 8: {  // IS_MANAGED
+      unsigned v = *known && a.kind == Kind::managed;
+      std::memcpy(data, &v, sizeof v);
+      return true;
+    }
+    case 9: {  // DEVICE_ORDINAL
+      int v = *known ? a.device : -2;
+      std::memcpy(data, &v, sizeof v);
+      return true;
+    }
+    case 11: {  // RANGE_START_ADDR
+      CUdeviceptr v = *known ? b : 0;
+      std::memcpy(data, &v, sizeof v);
+      return true;
+    }
+    case 12: {  // RANGE_SIZE
+      std::size_t v = *known ? a.size : 0;
+      std::memcpy(data, &v, sizeof v);
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+API CUresult cuPointerGetAttribute(void* data, int attr, CUdeviceptr p) {
+  count("cuPointerGetAttribute");
+  if (!data) return kInvalidValue;
+  bool known = false;
+  if (!attribute(attr, data, p, &known)) return kInvalidValue;
+  return known ? kOk : kInvalidValue;
+}
+API CUresult cuPointerGetAttributes(unsigned n, int* attrs, void** data, CUdeviceptr p) {
+  count("cuPointerGetAttributes");
+  if (!attrs || !data || n == 0) return kInvalidValue;
+  for (unsigned i = 0; i < n; ++i) {
+    bool known = false;
+    if (data[i]) attribute(attrs[i], data[i], p, &known);
+  }
+  return kOk;
+}
+API CUresult cuIpcGetMemHandle(void* handle, CUdeviceptr p) {
+  count("cuIpcGetMemHandle");
+  CUdeviceptr b = 0;
+  Alloc a{};
+  if (!handle || !lookup(p, &b, &a) || b != p || a.kind != Kind::device) return kInvalidValue;
+  std::memset(handle, 0, 64);
+  std::memcpy(handle, &b, sizeof b);
+  return kOk;
+}
+
+// --- cuGetProcAddress
+// --------------------------------------------------------------------------------------
+namespace {
+struct Proc {
+  const char* base;
+  int since;
+  void* fn;
+  void* ptsz;
+};
+#define FN(f) reinterpret_cast<void*>(&f)
+}  // namespace
+API CUresult cuGetProcAddress_v2(const char*, void**, int, std::uint64_t, int*);
+API CUresult cuGetProcAddress(const char*, void**, int, std::uint64_t);
+namespace {
+const Proc kProcs[] = {
+    {"cuInit", 2000, FN(cuInit), nullptr},
+    {"cuDriverGetVersion", 2020, FN(cuDriverGetVersion), nullptr},
+    {"cuDeviceGetCount", 2000, FN(cuDeviceGetCount), nullptr},
+    {"cuDeviceGet", 2000, FN(cuDeviceGet), nullptr},
+    {"cuDeviceTotalMem", 3020, FN(cuDeviceTotalMem_v2), nullptr},
+    {"cuDeviceGetAttribute", 2000, FN(cuDeviceGetAttribute), nullptr},
+    {"cuDevicePrimaryCtxRetain", 7000, FN(cuDevicePrimaryCtxRetain), nullptr},
+    {"cuDevicePrimaryCtxRelease", 11000, FN(cuDevicePrimaryCtxRelease_v2), nullptr},
+    {"cuCtxSetCurrent", 4000, FN(cuCtxSetCurrent), nullptr},
+    {"cuCtxGetCurrent", 4000, FN(cuCtxGetCurrent), nullptr},
+    {"cuCtxPushCurrent", 4000, FN(cuCtxPushCurrent_v2), nullptr},
+    {"cuCtxPopCurrent", 4000, FN(cuCtxPopCurrent_v2), nullptr},
+    {"cuCtxGetDevice", 2000, FN(cuCtxGetDevice), nullptr},
+    {"cuCtxSynchronize", 2000, FN(cuCtxSynchronize), nullptr},
+    {"cuCtxEnablePeerAccess", 4000, FN(cuCtxEnablePeerAccess), nullptr},
+    {"cuStreamCreate", 2000, FN(cuStreamCreate), nullptr},
+    {"cuStreamDestroy", 4000, FN(cuStreamDestroy_v2), nullptr},
+    {"cuStreamSynchronize", 2000, FN(cuStreamSynchronize), nullptr},
+    {"cuStreamIsCapturing", 10000, FN(cuStreamIsCapturing), FN(cuStreamIsCapturing_ptsz)},
+    {"cuStreamGetDevice", 12080, FN(cuStreamGetDevice), FN(cuStreamGetDevice_ptsz)},
+    {"cuMemAlloc", 2000, FN(cuMemAlloc), nullptr},
+    {"cuMemAlloc", 3020, FN(cuMemAlloc_v2), nullptr},
+    {"cuMemFree", 3020, FN(cuMemFree_v2), nullptr},
+    {"cuMemAllocAsync", 11020, FN(cuMemAllocAsync), FN(cuMemAllocAsync_ptsz)},
+    {"cuMemFreeAsync", 11020, FN(cuMemFreeAsync), FN(cuMemFreeAsync_ptsz)},
+    {"cuMemAllocPitch", 3020, FN(cuMemAllocPitch_v2), nullptr},
+    {"cuMemAllocManaged", 6000, FN(cuMemAllocManaged), nullptr},
+    {"cuMemAllocHost", 3020, FN(cuMemAllocHost_v2), nullptr},
+    {"cuMemFreeHost", 2000, FN(cuMemFreeHost), nullptr},
+    {"cuMemGetInfo", 3020, FN(cuMemGetInfo_v2), nullptr},
+    {"cuMemGetAddressRange", 3020, FN(cuMemGetAddressRange_v2), nullptr},
+    {"cuPointerGetAttribute", 4000, FN(cuPointerGetAttribute), nullptr},
+    {"cuPointerGetAttributes", 7000, FN(cuPointerGetAttributes), nullptr},
+    {"cuIpcGetMemHandle", 4010, FN(cuIpcGetMemHandle), nullptr},
+    {"cuGetProcAddress", 11030, FN(cuGetProcAddress), nullptr},
+    {"cuGetProcAddress", 12000, FN(cuGetProcAddress_v2), nullptr},
+};
+}  // namespace
+
+API CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, std::uint64_t flags,
+                                 int* status) {
+  count("cuGetProcAddress_v2");
+  if (!symbol || !pfn) return kInvalidValue;
+  *pfn = nullptr;
+  const Proc* best = nullptr;
+  bool seen = false;
+  for (const Proc& p : kProcs) {
+    if (std::strcmp(p.base, symbol) != 0) continue;
+    seen = true;
+    if (p.since <= version && (!best || p.since > best->since)) best = &p;
+  }
+  if (!best) {
+    if (status) *status = seen ? 2 : 1;
+    return kNotFound;
+  }
+  *pfn = (flags & 2) && best->ptsz ? best->ptsz : best->fn;
+  if (status) *status = 0;
+  return kOk;
+}
+API CUresult cuGetProcAddress(const char* symbol, void** pfn, int version, std::uint64_t flags) {
+  count("cuGetProcAddress");
+  return cuGetProcAddress_v2(symbol, pfn, version, flags, nullptr);
+}

@@ -1,0 +1,63 @@
+// A small CUDA program for the process-level tests (process_test.cpp): it allocates through the
+// shared runtime and prints what happened as key=value pairs on stdout. The tests run it under
+// different environments (no driver, configuration variants) and read its output and stderr.
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "cuda_decls.h"
+#include "shim_api.h"
+
+// The PyTorch pluggable-allocator use: the library dlopen'ed (as ctypes does, RTLD_LOCAL), nothing
+// preloaded, allocations through gpustitch_malloc/gpustitch_free only.
+int pluggable(const char* library) {
+  void* h = dlopen(library, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    std::printf("dlopen failed: %s\n", dlerror());
+    return 1;
+  }
+  auto m = reinterpret_cast<void* (*)(long, int, CUstream_st*)>(dlsym(h, "gpustitch_malloc"));
+  auto f = reinterpret_cast<void (*)(void*, long, int, CUstream_st*)>(dlsym(h, "gpustitch_free"));
+  auto owns = reinterpret_cast<int (*)(const void*)>(dlsym(h, "gpustitch_owns"));
+  auto active = reinterpret_cast<int (*)()>(dlsym(h, "gpustitch_active"));
+  CUstream_st* s = nullptr;
+  cudaSetDevice(0);
+  cudaStreamCreate(&s);
+  void* p = m(1 << 20, 0, s);
+  int ok = p != nullptr && owns(p) == 1;
+  if (p) std::memset(p, 0x42, 1 << 20);
+  void* q = m(1 << 20, 0, s);
+  ok = ok && q && q != p && static_cast<unsigned char*>(p)[(1 << 20) - 1] == 0x42;
+  f(p, 1 << 20, 0, s);
+  f(q, 1 << 20, 0, s);
+  std::printf("pluggable active=%d ok=%d owned_after_free=%d\n", active(), ok, owns(p));
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  const char* action = argc > 1 ? argv[1] : "alloc";
+  if (std::strcmp(action, "pluggable") == 0 && argc > 2) return pluggable(argv[2]);
+  if (std::strcmp(action, "alloc") != 0) return 2;
+  cudaSetDevice(0);
+  void* libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);  // loaded by the runtime
+  auto driver_calls =
+      libcuda ? reinterpret_cast<int (*)(const char*)>(dlsym(libcuda, "fakecuda_calls")) : nullptr;
+  void* p = nullptr;
+  int rc = cudaMalloc(&p, 1 << 20);
+  int owned = shim::owns(p);
+  unsigned char handle[64];
+  int ipc_rc = rc == 0 ? cudaIpcGetMemHandle(handle, p) : -1;
+  void* a = nullptr;
+  int async_rc = cudaMallocAsync(&a, 1 << 20, nullptr);
+  int async_owned = shim::owns(a);
+  if (rc == 0) cudaFree(p);
+  if (async_rc == 0) cudaFreeAsync(a, nullptr);
+  std::printf(
+      "active=%d malloc_rc=%d owned=%d ipc_rc=%d async_rc=%d async_owned=%d "
+      "driver_allocs=%d pool_allocs=%llu\n",
+      shim::active(), rc, owned, ipc_rc, async_rc, async_owned,
+      driver_calls ? driver_calls("cuMemAlloc_v2") : -1,
+      static_cast<unsigned long long>(shim::stats(0).allocs));
+  return 0;
+}

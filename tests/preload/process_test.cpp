@@ -1,0 +1,101 @@
+// Process-level behaviour of libgpustitch.so: what a user sees on stderr and how the program runs
+// when there is no driver, when the configuration says so, and at exit. Each test runs the probe
+// program (probe.cpp) under LD_PRELOAD with its own environment.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "subprocess.h"
+
+namespace {
+
+using subprocess::count_lines;
+using subprocess::Result;
+
+Result run_probe(std::vector<std::string> env) {
+  return subprocess::run({PROBE_PATH, "alloc"}, env);
+}
+
+const std::string kPreload = std::string("LD_PRELOAD=") + PRELOAD;
+const std::string kBothLibs = std::string("LD_LIBRARY_PATH=") + RUNTIME_DIR + ":" + DRIVER_DIR;
+const std::string kRuntimeOnly = std::string("LD_LIBRARY_PATH=") + RUNTIME_DIR;
+
+TEST(Process, NoDriverRunsNativelyWithOneWarningLine) {
+  Result r = run_probe({kPreload, kRuntimeOnly});
+  ASSERT_EQ(r.status, 0) << r.err;
+  // The runtime's own answer without a driver (cudaErrorInsufficientDriver), untouched.
+  EXPECT_NE(r.out.find("active=0 malloc_rc=35 owned=0"), std::string::npos) << r.out;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_EQ(r.err.rfind("gpustitch: ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find("libcuda.so.1 not found"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("natively"), std::string::npos) << r.err;
+}
+
+TEST(Process, DriverWithoutVirtualMemoryRunsNatively) {
+  // The fake driver has no cuMemCreate & co: the CUDA backend cannot start.
+  Result r = run_probe({kPreload, kBothLibs, "GPUSTITCH_CONF=backend:auto"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("active=0 malloc_rc=0 owned=0"), std::string::npos) << r.out;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+}
+
+TEST(Process, SummaryAtExitWithLogLevelInfo) {
+  Result r = run_probe({kPreload, kBothLibs, "GPUSTITCH_CONF=backend:sim,log_level:info"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("active=1 malloc_rc=0 owned=1"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("gpustitch: summary device 0: allocs 2,"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("OOMs 0"), std::string::npos) << r.err;
+}
+
+TEST(Process, QuietByDefault) {
+  Result r = run_probe({kPreload, kBothLibs, "GPUSTITCH_CONF=backend:sim"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("active=1"), std::string::npos) << r.out;
+  // Only the IPC refusal (an error the program caused) is logged.
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("ipc:native"), std::string::npos) << r.err;
+}
+
+TEST(Process, BadConfigurationEntriesAreReportedOnceAndTheRestApplies) {
+  Result r = run_probe({kPreload, kBothLibs, "GPUSTITCH_CONF=backend:sim,no_such_key:1"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("active=1"), std::string::npos) << r.out;
+  std::size_t first = r.err.find("no_such_key");
+  ASSERT_NE(first, std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("no_such_key", first + 1), std::string::npos) << r.err;
+}
+
+TEST(Process, DisabledPassesEverythingThrough) {
+  Result r = run_probe({kPreload, kBothLibs, "GPUSTITCH_CONF=backend:sim,enable:off"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("active=0 malloc_rc=0 owned=0 ipc_rc=0 async_rc=0 async_owned=0"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.err, "");
+}
+
+TEST(Process, IpcNativeKeepsCudaMallocNativeAndServesItOnce) {
+  Result r =
+      run_probe({kPreload, kBothLibs, "GPUSTITCH_CONF=backend:sim,ipc:native,log_level:info"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  // cudaMalloc went to the real runtime and the real driver exactly once (the driver hook saw it
+  // under the passthrough guard); cudaIpcGetMemHandle works on it; stream-ordered memory is pooled.
+  EXPECT_NE(r.out.find("active=1 malloc_rc=0 owned=0 ipc_rc=0 async_rc=0 async_owned=1 "
+                       "driver_allocs=1 pool_allocs=1"),
+            std::string::npos)
+      << r.out;
+  // The summary counts the passed-through cudaMalloc once (not again at the driver level).
+  EXPECT_NE(r.err.find("summary device 0: allocs 1, cache hits"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("passed through 1 "), std::string::npos) << r.err;
+  EXPECT_EQ(subprocess::count_lines(r.err), 1) << r.err;  // one summary line per device
+}
+
+TEST(Process, PluggableAllocatorWithoutPreload) {
+  Result r = subprocess::run({PROBE_PATH, "pluggable", SHIM_PATH},
+                             {kBothLibs, "GPUSTITCH_CONF=backend:sim"});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("pluggable active=1 ok=1 owned_after_free=0"), std::string::npos) << r.out;
+  EXPECT_EQ(r.err, "");
+}
+
+}  // namespace
