@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <new>
@@ -57,6 +58,37 @@ RecordEvent to_record_event(const gpustitch::PoolEvent& e) noexcept {
   r.fragmentation = e.fragmentation;
   return r;
 }
+
+namespace {
+// Publishers to stop at exit(). Fixed slots: registration happens a handful of times per process.
+constexpr int kExitSlots = 8;
+std::atomic<StatsPublisher*> g_exit_slots[kExitSlots];
+std::once_flag g_exit_once;
+
+void stop_all_at_exit() {
+  for (auto& slot : g_exit_slots)
+    if (StatsPublisher* p = slot.exchange(nullptr)) p->stop();
+}
+
+void register_for_exit(StatsPublisher* p) noexcept {
+  try {
+    std::call_once(g_exit_once, [] { std::atexit(stop_all_at_exit); });
+  } catch (...) {
+    return;
+  }
+  for (auto& slot : g_exit_slots) {
+    StatsPublisher* expected = nullptr;
+    if (slot.compare_exchange_strong(expected, p)) return;
+  }
+}
+
+void unregister_for_exit(StatsPublisher* p) noexcept {
+  for (auto& slot : g_exit_slots) {
+    StatsPublisher* expected = p;
+    slot.compare_exchange_strong(expected, nullptr);
+  }
+}
+}  // namespace
 
 struct StatsPublisher::Impl {
   StatsSource source;
@@ -194,7 +226,9 @@ StatsPublisher::StatsPublisher(StatsSource source, const gpustitch::Config& conf
       impl_->writers.back()->remove();
       impl_->current.store(nullptr);
       impl_->writers.clear();
+      return;
     }
+    register_for_exit(this);
   } catch (...) {
     if (impl_) impl_->error = "cannot initialize the publisher";
   }
@@ -205,6 +239,7 @@ StatsPublisher::~StatsPublisher() {
 }
 
 void StatsPublisher::stop() noexcept {
+  unregister_for_exit(this);
   if (!impl_ || impl_->stopped) return;
   impl_->stopped = true;
   if (::getpid() != impl_->owner_pid) {

@@ -207,6 +207,28 @@ TEST(StatsPublisher, ForkedChildLeavesTheParentsRecordAlone) {
   EXPECT_TRUE(ev.empty()) << "the child wrote into the parent's record";
 }
 
+// A publisher nobody destroys (the preload library's) still removes its record on exit().
+TEST(StatsPublisher, ExitRemovesTheRecordOfAPublisherNeverDestroyed) {
+  test::PrefixGuard g;
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  pid_t child = ::fork();
+  if (child == 0) {
+    ScriptedSource* src = new ScriptedSource;  // leaked on purpose, like the shim's state
+    auto* pub = new StatsPublisher(src->source(), fast_config(), {g.prefix});
+    char c = pub->active() ? 'y' : 'n';
+    (void)!::write(fds[1], &c, 1);
+    std::exit(0);  // runs atexit handlers
+  }
+  char c = 0;
+  ASSERT_EQ(::read(fds[0], &c, 1), 1);
+  EXPECT_EQ(c, 'y');
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_TRUE(discover_records(g.prefix).empty());
+}
+
 // Records left by this user's processes that were killed are removed by the next publisher.
 TEST(StatsPublisher, RemovesStaleRecordsOfItsUser) {
   test::PrefixGuard g;

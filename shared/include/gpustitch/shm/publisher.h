@@ -14,7 +14,10 @@
 // ends, or rm), the thread re-creates it within one interval and carries the events over.
 //
 // Lifetime: the publisher must be destroyed (or stop()ped) before the pool it reads; the
-// destructor stops the thread and removes the record.
+// destructor stops the thread and removes the record. A publisher still alive when the process
+// calls exit() is stopped by an atexit handler (the preload library never destroys its pool or
+// observers), so a clean exit always removes the record; _exit() or a fatal signal leaves it for
+// gpustitchd (or the user's next publisher) to remove.
 #pragma once
 
 #include <cstdint>
