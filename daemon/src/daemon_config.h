@@ -1,0 +1,45 @@
+// gpustitchd's configuration file: /etc/gpustitch/gpustitchd.conf (or --config PATH), one
+// `key = value` per line, `#` starts a comment. Unknown keys and bad values are reported one line
+// each and ignored; everything else applies (the same policy as the allocator's GPUSTITCH_CONF).
+// Re-read on SIGHUP.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gpustitch::daemon {
+
+struct DaemonConfig {
+  std::string socket_path = "/run/gpustitch/gpustitchd.sock";  // socket
+  unsigned socket_mode = 0666;                   // socket_mode (octal): who may connect at all
+  unsigned sample_interval_ms = 1000;            // sample_interval_ms
+  unsigned history_seconds = 3600;               // history_seconds: window kept per process
+  std::string admin_group;                       // admin_group: members see every process
+  unsigned prometheus_port = 0;                  // prometheus_port: 0 = off
+  std::string prometheus_address = "127.0.0.1";  // prometheus_address
+  std::string log_level = "info";                // log_level: trace|debug|info|warn|error|off
+  std::string record_prefix = "gpustitch";       // record_prefix (tests only)
+  bool reap = true;                              // reap: remove records of exited processes
+  unsigned max_records = 4096;                   // max_records: processes tracked at most
+
+  // Samples kept per process and device.
+  std::size_t history_capacity() const {
+    return std::max<std::size_t>(
+        1, std::size_t(history_seconds) * 1000 / std::max(1u, sample_interval_ms));
+  }
+};
+
+struct DaemonConfigResult {
+  DaemonConfig config;
+  std::vector<std::string> errors;
+};
+
+DaemonConfigResult parse_daemon_config(std::string_view text, const DaemonConfig& base = {});
+// Reads and parses a file; a missing file gives the defaults and one error line.
+DaemonConfigResult load_daemon_config(const std::string& path, const DaemonConfig& base = {});
+
+std::vector<std::string_view> daemon_config_keys();
+
+}  // namespace gpustitch::daemon

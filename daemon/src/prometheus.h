@@ -1,0 +1,17 @@
+// Prometheus text exposition (format 0.0.4) of every tracked process, in dcgm-exporter's style:
+// one series per process and device with labels pid, device, uuid, user, command. The metric
+// names come from gpustitch/shm/metrics.h.
+#pragma once
+
+#include <string>
+
+#include "process_table.h"
+
+namespace gpustitch::daemon {
+
+std::string format_prometheus(const ProcessTable& table);
+
+// Escapes a label value (backslash, double quote, newline).
+std::string escape_label(std::string_view value);
+
+}  // namespace gpustitch::daemon

@@ -1,0 +1,337 @@
+#include "server.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+
+// Boost 1.74's Asio uses std::exchange without including <utility> in C++20 mode.
+#include <utility>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <filesystem>
+
+#include <spdlog/spdlog.h>
+
+#include "process_table.h"
+#include "prometheus.h"
+#include "request.h"
+
+namespace gpustitch::daemon {
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using unix_proto = asio::local::stream_protocol;
+
+void apply_log_level(const std::string& level) {
+  spdlog::set_level(spdlog::level::from_str(level));
+}
+
+namespace {
+
+constexpr int kMaxSessions = 256;
+constexpr auto kSessionTimeout = std::chrono::seconds(5);
+
+class Server;
+
+class UnixSession : public std::enable_shared_from_this<UnixSession> {
+ public:
+  UnixSession(Server& server, unix_proto::socket socket);
+  ~UnixSession();
+  void start();
+
+ private:
+  Server& server_;
+  unix_proto::socket socket_;
+  asio::steady_timer timer_;
+  std::string in_;
+  std::string out_;
+  Peer peer_;
+};
+
+class HttpSession : public std::enable_shared_from_this<HttpSession> {
+ public:
+  HttpSession(Server& server, asio::ip::tcp::socket socket)
+      : server_(server), stream_(std::move(socket)) {}
+  void start();
+
+ private:
+  Server& server_;
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::empty_body>> parser_;
+  http::response<http::string_body> response_;
+};
+
+class Server {
+ public:
+  explicit Server(const ServerOptions& options) : options_(options), table_(DaemonConfig{}) {}
+
+  int run() {
+    if (!load_config(true)) return 2;
+    table_.reconfigure(config_);
+    if (!open_socket()) return 1;
+    open_http();
+    signals_.async_wait([this](auto ec, int sig) { on_signal(ec, sig); });
+    sample();
+    sd_notify(0, "READY=1");
+    spdlog::info("gpustitchd ready: socket {}, sampling every {} ms, history {} s{}",
+                 config_.socket_path, config_.sample_interval_ms, config_.history_seconds,
+                 config_.prometheus_port
+                     ? fmt::format(", metrics on http://{}:{}/metrics", config_.prometheus_address,
+                                   config_.prometheus_port)
+                     : std::string());
+    io_.run();
+    sd_notify(0, "STOPPING=1");
+    close_socket();
+    spdlog::info("gpustitchd stopped");
+    return 0;
+  }
+
+  const ProcessTable& table() const { return table_; }
+  const DaemonConfig& config() const { return config_; }
+  int& sessions() { return sessions_; }
+  asio::io_context& io() { return io_; }
+
+ private:
+  bool load_config(bool first) {
+    DaemonConfigResult r{DaemonConfig{}, {}};
+    if (!options_.config_path.empty()) {
+      if (std::filesystem::exists(options_.config_path))
+        r = load_daemon_config(options_.config_path);
+      else if (!first)
+        r.errors.push_back(options_.config_path + ": not found, using defaults");
+    }
+    auto o = parse_daemon_config(options_.override_text, r.config);
+    r.config = o.config;
+    for (auto& e : o.errors) r.errors.push_back("command line: " + e);
+    apply_log_level(r.config.log_level);
+    for (const auto& e : r.errors) spdlog::warn("config: {}", e);
+    config_ = r.config;
+    return true;
+  }
+
+  bool open_socket() {
+    try {
+      std::filesystem::path path(config_.socket_path);
+      std::error_code ec;
+      std::filesystem::create_directories(path.parent_path(), ec);
+      ::unlink(config_.socket_path.c_str());
+      auto acceptor = std::make_unique<unix_proto::acceptor>(io_);
+      unix_proto::endpoint ep(config_.socket_path);
+      acceptor->open(ep.protocol());
+      acceptor->bind(ep);
+      ::chmod(config_.socket_path.c_str(), config_.socket_mode);
+      acceptor->listen();
+      unix_acceptor_ = std::move(acceptor);
+      socket_path_ = config_.socket_path;
+      accept_unix();
+      return true;
+    } catch (const std::exception& e) {
+      spdlog::error("cannot listen on {}: {}", config_.socket_path, e.what());
+      return false;
+    }
+  }
+
+  void close_socket() {
+    if (unix_acceptor_) {
+      boost::system::error_code ec;
+      unix_acceptor_->close(ec);
+      unix_acceptor_.reset();
+      ::unlink(socket_path_.c_str());
+    }
+  }
+
+  void open_http() {
+    if (http_acceptor_) {
+      boost::system::error_code ec;
+      http_acceptor_->close(ec);
+      http_acceptor_.reset();
+    }
+    http_port_ = config_.prometheus_port;
+    http_address_ = config_.prometheus_address;
+    if (!config_.prometheus_port) return;
+    try {
+      auto addr = asio::ip::make_address(config_.prometheus_address);
+      asio::ip::tcp::endpoint ep(addr, static_cast<unsigned short>(config_.prometheus_port));
+      auto acceptor = std::make_unique<asio::ip::tcp::acceptor>(io_);
+      acceptor->open(ep.protocol());
+      acceptor->set_option(asio::socket_base::reuse_address(true));
+      acceptor->bind(ep);
+      acceptor->listen();
+      http_acceptor_ = std::move(acceptor);
+      accept_http();
+    } catch (const std::exception& e) {
+      spdlog::error("cannot serve metrics on {}:{}: {}", config_.prometheus_address,
+                    config_.prometheus_port, e.what());
+    }
+  }
+
+  void accept_unix() {
+    unix_acceptor_->async_accept([this](boost::system::error_code ec, unix_proto::socket s) {
+      if (ec == asio::error::operation_aborted || !unix_acceptor_) return;
+      if (!ec) {
+        if (sessions_ >= kMaxSessions) {
+          boost::system::error_code ignore;
+          s.close(ignore);
+        } else {
+          std::make_shared<UnixSession>(*this, std::move(s))->start();
+        }
+      }
+      accept_unix();
+    });
+  }
+
+  void accept_http() {
+    http_acceptor_->async_accept([this](boost::system::error_code ec, asio::ip::tcp::socket s) {
+      if (ec == asio::error::operation_aborted || !http_acceptor_) return;
+      if (!ec) std::make_shared<HttpSession>(*this, std::move(s))->start();
+      accept_http();
+    });
+  }
+
+  void sample() {
+    PassStats s = table_.sample();
+    spdlog::debug(
+        "pass: {} records, {} tracked, {} exited, {} reaped, {} rejected, {} busy, "
+        "{:.2f} ms cpu",
+        s.discovered, s.tracked, s.exited, s.reaped, s.rejected, s.busy, double(s.cpu_ns) / 1e6);
+    sample_timer_.expires_after(std::chrono::milliseconds(config_.sample_interval_ms));
+    sample_timer_.async_wait([this](boost::system::error_code ec) {
+      if (!ec) sample();
+    });
+  }
+
+  void on_signal(boost::system::error_code ec, int sig) {
+    if (ec) return;
+    if (sig == SIGHUP) {
+      sd_notify(0, "RELOADING=1");
+      std::string old_socket = config_.socket_path;
+      load_config(false);
+      table_.reconfigure(config_);
+      if (config_.socket_path != old_socket) {
+        close_socket();
+        open_socket();
+      } else {
+        ::chmod(config_.socket_path.c_str(), config_.socket_mode);
+      }
+      if (config_.prometheus_port != http_port_ || config_.prometheus_address != http_address_)
+        open_http();
+      sample_timer_.cancel();
+      sample();
+      spdlog::info("configuration reloaded");
+      sd_notify(0, "READY=1");
+      signals_.async_wait([this](auto ec2, int sig2) { on_signal(ec2, sig2); });
+      return;
+    }
+    spdlog::info("signal {}: stopping", sig);
+    io_.stop();
+  }
+
+  ServerOptions options_;
+  DaemonConfig config_;
+  ProcessTable table_;
+  asio::io_context io_{1};
+  asio::signal_set signals_{io_, SIGTERM, SIGINT, SIGHUP};
+  asio::steady_timer sample_timer_{io_};
+  std::unique_ptr<unix_proto::acceptor> unix_acceptor_;
+  std::unique_ptr<asio::ip::tcp::acceptor> http_acceptor_;
+  std::string socket_path_;
+  unsigned http_port_ = 0;
+  std::string http_address_;
+  int sessions_ = 0;
+};
+
+UnixSession::UnixSession(Server& server, unix_proto::socket socket)
+    : server_(server), socket_(std::move(socket)), timer_(server.io()) {
+  ++server_.sessions();
+}
+
+UnixSession::~UnixSession() {
+  --server_.sessions();
+}
+
+void UnixSession::start() {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(socket_.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return;
+  peer_.uid = cred.uid;
+  peer_.gid = cred.gid;
+  peer_.pid = cred.pid;
+  peer_.groups = process_groups(cred.pid);
+  auto self = shared_from_this();
+  timer_.expires_after(kSessionTimeout);
+  timer_.async_wait([self](boost::system::error_code ec) {
+    if (!ec) {
+      boost::system::error_code ignore;
+      self->socket_.close(ignore);
+    }
+  });
+  asio::async_read_until(
+      socket_, asio::dynamic_buffer(in_, kMaxRequestBytes + 1), '\n',
+      [self](boost::system::error_code ec, std::size_t n) {
+        if (ec && ec != asio::error::not_found && ec != asio::error::eof) {
+          self->timer_.cancel();
+          return;
+        }
+        std::string_view line(self->in_);
+        if (!ec) line = line.substr(0, n - 1);
+        if (ec == asio::error::not_found)
+          line = std::string_view(self->in_).substr(0, kMaxRequestBytes + 1);
+        self->out_ =
+            handle_request(line, self->peer_, self->server_.table(), self->server_.config());
+        asio::async_write(self->socket_, asio::buffer(self->out_),
+                          [self](boost::system::error_code, std::size_t) {
+                            boost::system::error_code ignore;
+                            self->socket_.shutdown(unix_proto::socket::shutdown_both, ignore);
+                            self->socket_.close(ignore);
+                            self->timer_.cancel();
+                          });
+      });
+}
+
+void HttpSession::start() {
+  auto self = shared_from_this();
+  parser_.emplace();
+  parser_->header_limit(8192);
+  stream_.expires_after(kSessionTimeout);
+  http::async_read(stream_, buffer_, *parser_, [self](beast::error_code ec, std::size_t) {
+    if (ec) return;
+    const auto& req = self->parser_->get();
+    auto& res = self->response_;
+    res.version(req.version());
+    res.keep_alive(false);
+    std::string_view target(req.target().data(), req.target().size());
+    if (req.method() == http::verb::get &&
+        (target == "/metrics" || target.rfind("/metrics?", 0) == 0)) {
+      res.result(http::status::ok);
+      res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
+      res.body() = format_prometheus(self->server_.table());
+    } else {
+      res.result(http::status::not_found);
+      res.set(http::field::content_type, "text/plain");
+      res.body() = "gpustitchd: metrics are at /metrics\n";
+    }
+    res.prepare_payload();
+    http::async_write(self->stream_, res, [self](beast::error_code, std::size_t) {
+      beast::error_code ignore;
+      self->stream_.socket().shutdown(asio::ip::tcp::socket::shutdown_send, ignore);
+    });
+  });
+}
+
+}  // namespace
+
+int run_server(const ServerOptions& options) {
+  try {
+    Server server(options);
+    return server.run();
+  } catch (const std::exception& e) {
+    spdlog::critical("fatal: {}", e.what());
+    return 1;
+  }
+}
+
+}  // namespace gpustitch::daemon

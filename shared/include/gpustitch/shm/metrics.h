@@ -1,0 +1,72 @@
+// The Prometheus metrics gpustitchd exports: one list, used by the exporter, its tests and the
+// packaged Grafana dashboard. Per-process series carry the labels pid, device, uuid, user and
+// command (dcgm-exporter's style: one series per process and device); gpustitch_processes has no
+// labels.
+#pragma once
+
+#include <cstdint>
+
+#include "gpustitch/shm/record.h"
+
+namespace gpustitch::shm {
+
+enum class MetricKind { gauge, counter };
+
+struct MetricSpec {
+  const char* name;
+  MetricKind kind;
+  const char* help;
+  // The counter it reads; null for the derived ones (fragmentation ratio, process count).
+  std::uint64_t DeviceCounters::*field;
+};
+
+inline constexpr const char* kProcessesMetric = "gpustitch_processes";
+inline constexpr const char* kFragmentationMetric = "gpustitch_fragmentation_ratio";
+
+inline constexpr MetricSpec kMetrics[] = {
+    {"gpustitch_allocated_bytes", MetricKind::gauge, "Bytes in live allocations (after rounding).",
+     &DeviceCounters::bytes_allocated},
+    {"gpustitch_reserved_bytes", MetricKind::gauge,
+     "Physical memory the allocator holds from the driver.", &DeviceCounters::bytes_reserved},
+    {"gpustitch_cached_bytes", MetricKind::gauge,
+     "Reserved bytes not allocated (free for reuse, including pending).",
+     &DeviceCounters::bytes_cached},
+    {"gpustitch_pending_bytes", MetricKind::gauge,
+     "Freed bytes waiting for device work to finish before reuse.", &DeviceCounters::bytes_pending},
+    {"gpustitch_peak_allocated_bytes", MetricKind::gauge, "Highest allocated bytes so far.",
+     &DeviceCounters::peak_allocated},
+    {"gpustitch_peak_reserved_bytes", MetricKind::gauge, "Highest reserved bytes so far.",
+     &DeviceCounters::peak_reserved},
+    {"gpustitch_largest_free_block_bytes", MetricKind::gauge,
+     "Largest cached block usable without stitching.", &DeviceCounters::largest_free_block},
+    {"gpustitch_largest_possible_bytes", MetricKind::gauge,
+     "Largest allocation that can succeed now (with stitching).",
+     &DeviceCounters::largest_possible},
+    {kFragmentationMetric, MetricKind::gauge, "1 - allocated/reserved.", nullptr},
+    {"gpustitch_device_free_bytes", MetricKind::gauge,
+     "Driver-reported free device memory at the last publish.", &DeviceCounters::device_free},
+    {"gpustitch_device_total_bytes", MetricKind::gauge, "Driver-reported total device memory.",
+     &DeviceCounters::device_total},
+    {kProcessesMetric, MetricKind::gauge, "Processes publishing gpustitch statistics.", nullptr},
+    {"gpustitch_allocations_total", MetricKind::counter, "Allocations served.",
+     &DeviceCounters::allocs},
+    {"gpustitch_frees_total", MetricKind::counter, "Frees.", &DeviceCounters::frees},
+    {"gpustitch_cache_hits_total", MetricKind::counter, "Allocations served from cached memory.",
+     &DeviceCounters::cache_hits},
+    {"gpustitch_fresh_allocations_total", MetricKind::counter,
+     "Allocations served by creating new physical memory.", &DeviceCounters::fresh},
+    {"gpustitch_stitches_total", MetricKind::counter,
+     "Allocations served by stitching cached pieces.", &DeviceCounters::stitches},
+    {"gpustitch_stitched_bytes_total", MetricKind::counter, "Bytes served by stitching.",
+     &DeviceCounters::stitched_bytes},
+    {"gpustitch_trims_total", MetricKind::counter, "Trim passes that released memory.",
+     &DeviceCounters::trims},
+    {"gpustitch_trimmed_bytes_total", MetricKind::counter, "Bytes released by trimming.",
+     &DeviceCounters::trimmed_bytes},
+    {"gpustitch_oom_total", MetricKind::counter, "Out-of-memory errors returned.",
+     &DeviceCounters::ooms},
+};
+
+inline constexpr const char* kMetricLabels[] = {"pid", "device", "uuid", "user", "command"};
+
+}  // namespace gpustitch::shm

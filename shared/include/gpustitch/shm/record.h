@@ -1,0 +1,212 @@
+// The per-process statistics record: one POSIX shared-memory object per process that runs the
+// pool, written only by that process and read by gpustitchd and the gpustitch CLI.
+//
+// Layout rules (the record is an ABI between binaries of different versions and an untrusted
+// input for readers):
+//   * fixed layout, only fixed-width integers, doubles and char arrays; every offset is pinned by
+//     a static_assert below. Any change to it bumps kLayoutVersion; readers reject other
+//     versions instead of guessing.
+//   * the header names the version and the record size; a reader accepts a record only when
+//     magic, version and size all match and the object's size equals record_size.
+//   * identity is written once, before the magic is stored (with release ordering), and never
+//     changes afterwards.
+//   * the snapshot (per-device counters + heartbeat) is guarded by a single-writer seqlock
+//     (see seqlock.h): only the publisher thread writes it, the writer never waits.
+//   * the event ring is written by any thread of the process: a writer claims an index with one
+//     fetch_add and takes the slot with a compare-exchange on the slot's own sequence word, so it
+//     never waits either (an event that finds its slot still being written is counted as dropped).
+//   * the allocation-site table has its own seqlock; its writer serializes itself in-process.
+//   * strings are NUL-padded but readers never rely on it (they bound every string read).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace gpustitch::shm {
+
+inline constexpr std::uint64_t kRecordMagic = 0x3148435449545347ull;  // "GSTITCH1", little endian
+inline constexpr std::uint32_t kLayoutVersion = 1;
+
+inline constexpr int kMaxDevices = 16;
+inline constexpr int kHistogramBuckets = 32;  // = gpustitch::kHistogramBuckets (checked in .cpp)
+inline constexpr int kEventSlots = 64;        // power of two
+inline constexpr int kMaxSites = 16;
+inline constexpr int kMaxFrames = 8;
+inline constexpr std::size_t kExeBytes = 256;
+inline constexpr std::size_t kCmdlineBytes = 1024;
+inline constexpr std::size_t kUuidBytes = 16;
+
+// The per-device counters. The list is an X-macro so that the core's DeviceStats conversion, the
+// JSON form and the Prometheus exporter all walk the same fields in the same order.
+#define GPUSTITCH_SHM_DEVICE_COUNTERS(X) \
+  X(bytes_requested)                     \
+  X(bytes_allocated)                     \
+  X(live_blocks)                         \
+  X(bytes_reserved)                      \
+  X(bytes_cached)                        \
+  X(bytes_pending)                       \
+  X(bytes_mapped)                        \
+  X(handles)                             \
+  X(views)                               \
+  X(largest_free_block)                  \
+  X(largest_possible)                    \
+  X(peak_allocated)                      \
+  X(peak_reserved)                       \
+  X(device_free)                         \
+  X(device_total)                        \
+  X(allocs)                              \
+  X(frees)                               \
+  X(cache_hits)                          \
+  X(fresh)                               \
+  X(stitches)                            \
+  X(stitched_bytes)                      \
+  X(trims)                               \
+  X(trimmed_bytes)                       \
+  X(ooms)
+
+struct DeviceCounters {
+#define GPUSTITCH_SHM_FIELD(name) std::uint64_t name;
+  GPUSTITCH_SHM_DEVICE_COUNTERS(GPUSTITCH_SHM_FIELD)
+#undef GPUSTITCH_SHM_FIELD
+  std::uint64_t hist_allocs[kHistogramBuckets];
+  std::uint64_t hist_live[kHistogramBuckets];
+  std::uint8_t uuid[kUuidBytes];  // all zero when unknown
+  std::int32_t ordinal;           // device ordinal in the process
+  std::uint32_t reserved0;
+  std::uint64_t reserved1;
+
+  // 1 - allocated/reserved, as DeviceStats::fragmentation().
+  double fragmentation() const noexcept {
+    return bytes_reserved == 0
+               ? 0.0
+               : 1.0 - static_cast<double>(bytes_allocated) / static_cast<double>(bytes_reserved);
+  }
+};
+
+struct RecordHeader {
+  std::uint64_t magic;        // kRecordMagic once the record is complete
+  std::uint32_t version;      // kLayoutVersion
+  std::uint32_t record_size;  // sizeof(Record)
+  std::uint64_t created_ns;   // CLOCK_REALTIME
+  std::uint32_t max_devices;  // kMaxDevices
+  std::uint32_t event_slots;  // kEventSlots
+  std::uint32_t max_sites;    // kMaxSites
+  std::uint32_t reserved0;
+  std::uint64_t reserved1[3];
+};
+
+struct Identity {
+  std::int32_t pid;
+  std::uint32_t uid;
+  std::uint64_t start_time;  // field 22 of /proc/<pid>/stat: clock ticks after boot
+  std::uint32_t publish_interval_ms;
+  std::uint32_t reserved0;
+  std::uint64_t reserved1[3];
+  char exe[kExeBytes];          // readlink(/proc/self/exe), truncated
+  char cmdline[kCmdlineBytes];  // /proc/self/cmdline with NULs turned into spaces, truncated
+};
+
+// Guarded by seq (odd while the publisher writes).
+struct Snapshot {
+  std::uint64_t seq;
+  std::uint64_t heartbeat_ns;   // CLOCK_REALTIME of this publish
+  std::uint64_t publish_count;  // publishes so far
+  std::uint32_t device_count;   // valid entries of devices[]
+  std::uint32_t reserved0;
+  std::uint64_t events_head;  // EventRing::head at this publish (readers poll it cheaply)
+  std::uint64_t reserved1[3];
+  DeviceCounters devices[kMaxDevices];
+};
+
+// Event kinds in the record. 1-4 mirror gpustitch::EventKind; the cooperative-release kinds are
+// reserved for the layer that implements it.
+enum class RecordEventKind : std::uint32_t {
+  oom = 1,
+  stitch = 2,
+  trim = 3,
+  release = 4,
+  coop_give = 5,
+  coop_receive = 6,
+};
+const char* to_string(RecordEventKind kind) noexcept;  // "unknown" for values outside the enum
+
+struct EventSlot {
+  // 2*index+1 while event number `index` is written, 2*index+2 once complete, 0 never written.
+  std::uint64_t seq;
+  std::uint32_t kind;  // RecordEventKind
+  std::int32_t device;
+  std::uint64_t time_ns;           // CLOCK_REALTIME
+  std::uint64_t size;              // oom: requested; stitch: stitched; trim/release: released
+  std::uint64_t device_free;       // driver free memory at the time
+  std::uint64_t cached;            // pool cached bytes at the time
+  std::uint64_t largest_possible;  // oom: the largest allocation that could have succeeded
+  std::uint64_t pieces;            // stitch: pieces; trim: handles released
+  double fragmentation;
+  std::uint64_t peer_pid;  // coop_*: the other process
+  std::uint64_t reserved[2];
+};
+
+struct EventRing {
+  std::uint64_t head;     // events claimed so far; event i lives in slots[i % kEventSlots]
+  std::uint64_t dropped;  // events dropped because their slot was still being written
+  std::uint64_t reserved[6];
+  EventSlot slots[kEventSlots];
+};
+
+struct SiteFrame {
+  char function[96];  // demangled or raw symbol, truncated
+  char library[64];   // basename of the object file
+  std::uint64_t offset;
+};
+
+struct Site {
+  std::uint64_t live_bytes;
+  std::uint64_t count;  // live allocations from this site
+  std::uint32_t frame_count;
+  std::int32_t device;  // -1 when mixed
+  SiteFrame frames[kMaxFrames];
+};
+
+// Guarded by seq; filled by the allocation-site sampler (a separate layer) when it is enabled.
+struct SiteTable {
+  std::uint64_t seq;
+  std::uint64_t updated_ns;
+  std::uint32_t count;
+  std::uint32_t reserved0;
+  std::uint64_t reserved1[5];
+  Site sites[kMaxSites];
+};
+
+struct Record {
+  RecordHeader header;
+  Identity identity;
+  Snapshot snapshot;
+  EventRing events;
+  SiteTable sites;
+};
+
+// ---- layout pins: a change here is a layout change, bump kLayoutVersion --------------------
+static_assert(std::is_trivially_copyable_v<Record> && std::is_standard_layout_v<Record>);
+static_assert(sizeof(DeviceCounters) == 24 * 8 + 2 * kHistogramBuckets * 8 + 32);
+static_assert(sizeof(DeviceCounters) == 736);
+static_assert(sizeof(RecordHeader) == 64);
+static_assert(sizeof(Identity) == 48 + kExeBytes + kCmdlineBytes);
+static_assert(sizeof(Snapshot) == 64 + kMaxDevices * sizeof(DeviceCounters));
+static_assert(sizeof(EventSlot) == 96);
+static_assert(sizeof(EventRing) == 64 + kEventSlots * sizeof(EventSlot));
+static_assert(sizeof(SiteFrame) == 168);
+static_assert(sizeof(Site) == 24 + kMaxFrames * sizeof(SiteFrame));
+static_assert(sizeof(SiteTable) == 64 + kMaxSites * sizeof(Site));
+static_assert(offsetof(Record, header) == 0);
+static_assert(offsetof(Record, identity) == 64);
+static_assert(offsetof(Record, snapshot) == 64 + 1328);
+static_assert(offsetof(Record, events) == 1392 + 11840);
+static_assert(offsetof(Record, sites) == 13232 + 6208);
+static_assert(sizeof(Record) == 19440 + 21952);
+static_assert(offsetof(Snapshot, devices) == 64);
+static_assert(offsetof(EventRing, slots) == 64);
+static_assert(offsetof(SiteTable, sites) == 64);
+static_assert((kEventSlots & (kEventSlots - 1)) == 0);
+
+}  // namespace gpustitch::shm

@@ -1,0 +1,258 @@
+// gpustitchd's pieces without the event loop: config file, request parser and access rules,
+// Prometheus exposition, the process table against real records.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <regex>
+#include <set>
+
+#include <gtest/gtest.h>
+
+#include "daemon_config.h"
+#include "gpustitch/shm/json.h"
+#include "gpustitch/shm/metrics.h"
+#include "gpustitch/shm/record_writer.h"
+#include "process_table.h"
+#include "prometheus.h"
+#include "request.h"
+#include "test_helpers.h"
+
+using namespace gpustitch;
+using namespace gpustitch::daemon;
+using nlohmann::json;
+
+TEST(DaemonConfig, ParsesKeysAndReportsEachBadLine) {
+  auto r = parse_daemon_config(
+      "# comment\n"
+      "socket = /tmp/x.sock\n"
+      "socket_mode = 0660\n"
+      "sample_interval_ms=250   # trailing comment\n"
+      "history_seconds = 60\n"
+      "admin_group = gpuadmin\n"
+      "prometheus_port = 9400\n"
+      "bogus = 1\n"
+      "reap = maybe\n"
+      "no equals sign\n"
+      "log_level = debug\n");
+  EXPECT_EQ(r.config.socket_path, "/tmp/x.sock");
+  EXPECT_EQ(r.config.socket_mode, 0660u);
+  EXPECT_EQ(r.config.sample_interval_ms, 250u);
+  EXPECT_EQ(r.config.history_seconds, 60u);
+  EXPECT_EQ(r.config.history_capacity(), 240u);
+  EXPECT_EQ(r.config.admin_group, "gpuadmin");
+  EXPECT_EQ(r.config.prometheus_port, 9400u);
+  EXPECT_EQ(r.config.log_level, "debug");
+  EXPECT_TRUE(r.config.reap);  // bad value ignored, default kept
+  ASSERT_EQ(r.errors.size(), 3u);
+  EXPECT_NE(r.errors[0].find("bogus"), std::string::npos);
+  EXPECT_NE(r.errors[1].find("reap"), std::string::npos);
+  EXPECT_NE(r.errors[2].find("line 10"), std::string::npos);
+}
+
+TEST(Request, ParsesValidAndRejectsInvalid) {
+  std::string why;
+  auto r = parse_request(R"({"cmd":"show","pid":123,"history_seconds":60})", &why);
+  ASSERT_TRUE(r) << why;
+  EXPECT_EQ(r->cmd, Command::show);
+  EXPECT_EQ(r->pid, 123);
+  EXPECT_EQ(r->history_seconds, 60u);
+  EXPECT_TRUE(parse_request(R"({"cmd":"list"})", &why));
+  for (const char* bad :
+       {"", "{", "[]", "null", R"({"cmd":1})", R"({"cmd":"rm"})", R"({"cmd":"show"})",
+        R"({"cmd":"show","pid":-1})", R"({"cmd":"show","pid":"1"})", R"({"cmd":"show","pid":1e30})",
+        R"({"cmd":"list","history_seconds":-5})"})
+    EXPECT_FALSE(parse_request(bad, &why)) << bad;
+  EXPECT_FALSE(parse_request(std::string(kMaxRequestBytes + 1, ' '), &why));
+}
+
+TEST(Request, RootAndAdminGroupSeeAll) {
+  Peer root{0, 0, 1, {}};
+  Peer user{1000, 1000, 1, {}};
+  EXPECT_TRUE(peer_sees_all(root, ""));
+  EXPECT_FALSE(peer_sees_all(user, ""));
+  EXPECT_FALSE(peer_sees_all(user, "nogroup"));
+  user.groups = {65534};  // nogroup
+  EXPECT_TRUE(peer_sees_all(user, "nogroup"));
+  EXPECT_FALSE(peer_sees_all(user, "no-such-group-here"));
+}
+
+class TableTest : public ::testing::Test {
+ protected:
+  DaemonConfig config() {
+    DaemonConfig c;
+    c.record_prefix = g_.prefix;
+    c.sample_interval_ms = 1000;
+    c.history_seconds = 5;
+    return c;
+  }
+  std::unique_ptr<shm::RecordWriter> own_record(std::uint64_t allocated) {
+    std::string why;
+    auto w = shm::RecordWriter::create(shm::RecordWriter::self_name(g_.prefix), "/bin/own",
+                                       "own --x", 100, &why);
+    EXPECT_TRUE(w) << why;
+    shm::DeviceCounters d{};
+    d.bytes_allocated = allocated;
+    d.bytes_reserved = 2 * allocated;
+    d.stitches = 3;
+    w->publish({&d, 1}, shm::realtime_ns());
+    return w;
+  }
+  test::PrefixGuard g_;
+};
+
+TEST_F(TableTest, TracksLiveRecordsAndKeepsHistory) {
+  auto w = own_record(1000);
+  ProcessTable t(config());
+  auto s = t.sample();
+  EXPECT_EQ(s.added, 1u);
+  ASSERT_EQ(t.processes().size(), 1u);
+  const TrackedProcess* p = t.find(::getpid());
+  ASSERT_TRUE(p);
+  ASSERT_TRUE(p->have_snapshot);
+  EXPECT_EQ(p->snapshot.devices[0].bytes_allocated, 1000u);
+  for (int i = 0; i < 10; ++i) t.sample();
+  ASSERT_EQ(p->history.size(), 1u);
+  EXPECT_EQ(p->history[0].size(), 5u);  // 5 s at 1 s: capacity 5
+  json summary = process_summary_json(*p, shm::JsonDetail::counters);
+  EXPECT_EQ(summary["devices"][0]["bytes_reserved"].get<std::uint64_t>(), 2000u);
+  EXPECT_EQ(summary["command"], "own --x");
+}
+
+// A record whose pid is alive but whose start time differs is a recycled pid: not listed,
+// and removed.
+TEST_F(TableTest, RecycledPidIsNotTakenForTheDeadProcess) {
+  auto self = shm::RecordWriter::self_name(g_.prefix);
+  shm::RecordName recycled = self;
+  recycled.start_time = self.start_time - 1;  // "the process that had this pid before"
+  std::string why;
+  auto w = shm::RecordWriter::create(recycled, "/bin/old", "old", 100, &why);
+  ASSERT_TRUE(w) << why;
+  ProcessTable t(config());
+  auto s = t.sample();
+  EXPECT_EQ(t.processes().size(), 0u);
+  EXPECT_EQ(s.exited, 1u);
+  EXPECT_EQ(s.reaped, 1u);
+  struct stat st;
+  EXPECT_NE(::stat(recycled.path().c_str(), &st), 0);
+}
+
+TEST_F(TableTest, DeadProcessIsDroppedAndReaped) {
+  int pipefd[2];
+  ASSERT_EQ(::pipe(pipefd), 0);
+  pid_t child = ::fork();
+  if (child == 0) {
+    std::string why;
+    auto w =
+        shm::RecordWriter::create(shm::RecordWriter::self_name(g_.prefix), "/bin/c", "c", 1, &why);
+    char c = w ? 'y' : 'n';
+    (void)!::write(pipefd[1], &c, 1);
+    ::pause();
+    ::_exit(0);
+  }
+  char c = 0;
+  ASSERT_EQ(::read(pipefd[0], &c, 1), 1);
+  ASSERT_EQ(c, 'y');
+  ProcessTable t(config());
+  t.sample();
+  ASSERT_TRUE(t.find(child));
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  auto s = t.sample();
+  EXPECT_FALSE(t.find(child));
+  EXPECT_EQ(s.reaped, 1u);
+  EXPECT_TRUE(shm::discover_records(g_.prefix).empty());
+}
+
+TEST_F(TableTest, HostileRecordIsRejectedAndOthersStillServed) {
+  auto w = own_record(7);
+  // A garbage object under a live pid's name (our parent's): rejected, not fatal.
+  shm::RecordName bogus{g_.prefix, ::geteuid(), ::getppid(),
+                        shm::process_start_time(::getppid()).value_or(0)};
+  int fd = ::open(bogus.path().c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0);
+  std::string junk(sizeof(shm::Record), 'Z');
+  ASSERT_EQ(::write(fd, junk.data(), junk.size()), static_cast<ssize_t>(junk.size()));
+  ::close(fd);
+  ProcessTable t(config());
+  auto s = t.sample();
+  EXPECT_EQ(s.rejected, 1u);
+  EXPECT_EQ(t.processes().size(), 1u);
+  EXPECT_TRUE(t.find(::getpid()));
+}
+
+// A record seen between its creation and the store of its magic is picked up once complete.
+TEST_F(TableTest, RecordCaughtBeforeItsMagicIsTrackedOnceComplete) {
+  auto w = own_record(11);
+  std::uint64_t magic = w->record()->header.magic;
+  w->record()->header.magic = 0;
+  ProcessTable t(config());
+  auto s = t.sample();
+  EXPECT_EQ(s.rejected, 1u);
+  EXPECT_FALSE(t.find(::getpid()));
+  w->record()->header.magic = magic;
+  t.sample();
+  ASSERT_TRUE(t.find(::getpid()));
+  EXPECT_EQ(t.find(::getpid())->snapshot.devices[0].bytes_allocated, 11u);
+}
+
+TEST_F(TableTest, RequestsAnswerOnlyWhatThePeerMaySee) {
+  auto w = own_record(5);
+  ProcessTable t(config());
+  t.sample();
+  DaemonConfig c = config();
+  Peer owner{::geteuid(), ::getegid(), ::getpid(), {}};
+  Peer stranger{::geteuid() + 12345, 12345, 1, {}};
+  json mine = json::parse(handle_request(R"({"cmd":"list"})", owner, t, c));
+  ASSERT_TRUE(mine["ok"].get<bool>());
+  EXPECT_EQ(mine["processes"].size(), 1u);
+  json theirs = json::parse(handle_request(R"({"cmd":"list"})", stranger, t, c));
+  EXPECT_EQ(theirs["processes"].size(), 0u);
+  std::string show = R"({"cmd":"show","pid":)" + std::to_string(::getpid()) + "}";
+  json a = json::parse(handle_request(show, owner, t, c));
+  ASSERT_TRUE(a["ok"].get<bool>()) << a.dump();
+  EXPECT_EQ(a["process"]["devices"][0]["bytes_allocated"].get<std::uint64_t>(), 5u);
+  EXPECT_EQ(a["history"][0]["allocated"][0].get<std::uint64_t>(), 5u);
+  json b = json::parse(handle_request(show, stranger, t, c));
+  EXPECT_FALSE(b["ok"].get<bool>());
+  EXPECT_EQ(b["error"], "not found");
+  json bad = json::parse(handle_request("garbage", owner, t, c));
+  EXPECT_FALSE(bad["ok"].get<bool>());
+}
+
+TEST_F(TableTest, PrometheusExportsEveryMetricWithHelpTypeAndLabels) {
+  auto w = own_record(1234);
+  ProcessTable t(config());
+  t.sample();
+  std::string text = format_prometheus(t);
+  for (const auto& m : shm::kMetrics) {
+    std::string type = m.kind == shm::MetricKind::gauge ? "gauge" : "counter";
+    EXPECT_NE(text.find(std::string("# HELP ") + m.name + " "), std::string::npos) << m.name;
+    EXPECT_NE(text.find(std::string("# TYPE ") + m.name + " " + type + "\n"), std::string::npos)
+        << m.name;
+  }
+  std::string pid = std::to_string(::getpid());
+  EXPECT_NE(
+      text.find("gpustitch_allocated_bytes{pid=\"" + pid + "\",device=\"0\",uuid=\"\",user=\"" +
+                shm::user_name(::geteuid()) + "\",command=\"own --x\"} 1234\n"),
+      std::string::npos)
+      << text;
+  EXPECT_NE(text.find("gpustitch_reserved_bytes{pid=\"" + pid), std::string::npos);
+  EXPECT_NE(text.find("gpustitch_stitches_total{pid=\"" + pid), std::string::npos);
+  EXPECT_NE(text.find("gpustitch_fragmentation_ratio{pid=\"" + pid + "\""), std::string::npos);
+  EXPECT_NE(text.find("\ngpustitch_processes 1\n"), std::string::npos);
+  // Every sample line parses as name{labels} value.
+  std::regex line(R"(^(# (HELP|TYPE) .*|[a-z_]+(\{[^}]*\})? [0-9.e+-]+)$)");
+  std::size_t start = 0;
+  while (start < text.size()) {
+    std::size_t nl = text.find('\n', start);
+    std::string l = text.substr(start, nl - start);
+    EXPECT_TRUE(std::regex_match(l, line)) << l;
+    start = nl + 1;
+  }
+}
+
+TEST(Prometheus, LabelValuesAreEscaped) {
+  EXPECT_EQ(escape_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+}

@@ -1,0 +1,401 @@
+// End to end: gpustitchd, 55 producer processes (a Pool on the simulated backend with a
+// StatsPublisher), the gpustitch CLI and the Prometheus endpoint. Checks that every process
+// shows with the figures it holds, that SIGKILLed producers are detected and their records
+// removed, that a recycled pid is not confused with a dead process, and who may see what.
+//
+// Binary paths come from the build (GPUSTITCHD, GPUSTITCH_CLI, STATS_PRODUCER).
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "gpustitch/shm/json.h"
+#include "gpustitch/shm/record_writer.h"
+#include "test_helpers.h"
+
+using namespace gpustitch;
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr std::uint64_t MiB = 1024 * 1024;
+
+struct Child {
+  pid_t pid = -1;
+  int out = -1;  // read end of its stdout
+};
+
+// Starts argv with stdout on a pipe. uid/gid >= 0: drop to them first (the test runs as root).
+Child spawn(const std::vector<std::string>& argv, int uid = -1, int gid = -1) {
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) return {};
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(p[1], 1);
+    if (gid >= 0 && (::setgroups(0, nullptr) != 0 || ::setgid(gid) != 0)) ::_exit(126);
+    if (uid >= 0 && ::setuid(uid) != 0) ::_exit(126);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  ::close(p[1]);
+  return {pid, p[0]};
+}
+
+// Reads one line from fd within the timeout.
+std::string read_line(int fd, std::chrono::milliseconds timeout) {
+  std::string line;
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return line;
+    pollfd pfd{fd, POLLIN, 0};
+    if (::poll(&pfd, 1, static_cast<int>(left.count())) <= 0) return line;
+    char c;
+    if (::read(fd, &c, 1) != 1) return line;
+    if (c == '\n') return line;
+    line += c;
+  }
+}
+
+// Runs a command to completion; returns {exit status, stdout}.
+std::pair<int, std::string> run(const std::vector<std::string>& argv, int uid = -1, int gid = -1) {
+  Child c = spawn(argv, uid, gid);
+  std::string out;
+  char buf[65536];
+  ssize_t n;
+  while ((n = ::read(c.out, buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(n));
+  ::close(c.out);
+  int status = 0;
+  ::waitpid(c.pid, &status, 0);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+template <typename F>
+bool eventually(F f, std::chrono::milliseconds limit = 10000ms) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (f()) return true;
+    std::this_thread::sleep_for(50ms);
+  }
+  return f();
+}
+
+int free_port() {
+  int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(s);
+  return ntohs(a.sin_port);
+}
+
+std::string http_get(int port, const std::string& path) {
+  int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(s);
+    return {};
+  }
+  std::string req = "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+  (void)!::write(s, req.data(), req.size());
+  std::string out;
+  char buf[65536];
+  ssize_t n;
+  while ((n = ::read(s, buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(n));
+  ::close(s);
+  return out;
+}
+
+class StatsEndToEnd : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/gstest-e2e-XXXXXX";
+    ASSERT_TRUE(::mkdtemp(tmpl));
+    dir_ = tmpl;
+    ::chmod(dir_.c_str(), 0755);  // other users must reach the socket
+    socket_ = dir_ + "/d.sock";
+    port_ = free_port();
+    config_ = dir_ + "/gpustitchd.conf";
+    std::ofstream(config_) << "sample_interval_ms = 100\nhistory_seconds = 60\nrecord_prefix = "
+                           << g_.prefix << "\nlog_level = warn\n";
+    daemon_ = spawn({GPUSTITCHD, "--config", config_, "--socket", socket_, "--prometheus-port",
+                     std::to_string(port_)});
+    ASSERT_TRUE(eventually([&] { return query({{"cmd", "ping"}}).has_value(); }));
+  }
+  void TearDown() override {
+    for (auto& c : producers_) {
+      ::kill(c.pid, SIGKILL);
+      ::waitpid(c.pid, nullptr, 0);
+      ::close(c.out);
+    }
+    if (daemon_.pid > 0) {
+      ::kill(daemon_.pid, SIGKILL);
+      ::waitpid(daemon_.pid, nullptr, 0);
+    }
+    std::filesystem::remove_all(dir_);
+  }
+
+  std::optional<json> query(const json& req) {
+    return shm::query_daemon(socket_, req, 2000, nullptr);
+  }
+  Child producer(std::vector<std::string> extra, int uid = -1, int gid = -1) {
+    std::vector<std::string> argv{STATS_PRODUCER, "--prefix", g_.prefix};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    Child c = spawn(argv, uid, gid);
+    std::string line = read_line(c.out, 10000ms);
+    EXPECT_EQ(line, "READY " + std::to_string(c.pid));
+    producers_.push_back(c);
+    return c;
+  }
+  std::map<long, json> listed(int uid = -1, int gid = -1) {
+    auto [rc, out] = run({GPUSTITCH_CLI, "ps", "--json", "--socket", socket_}, uid, gid);
+    std::map<long, json> m;
+    json j = json::parse(out, nullptr, false);
+    if (j.is_discarded()) return m;
+    for (auto& p : j["processes"]) m[p["pid"].get<long>()] = p;
+    return m;
+  }
+
+  test::PrefixGuard g_;
+  std::string dir_, socket_, config_;
+  int port_ = 0;
+  Child daemon_;
+  std::vector<Child> producers_;
+};
+
+}  // namespace
+
+TEST_F(StatsEndToEnd, EveryProducerShowsWithItsFiguresAndKilledOnesAreReaped) {
+  constexpr int kQuiet = 45, kChurning = 10;
+  std::map<pid_t, std::pair<int, int>> expected;  // pid -> (blocks, size MiB)
+  for (int i = 0; i < kQuiet; ++i) {
+    int blocks = 1 + i % 5, size = 2 * (1 + i % 7);
+    Child c = producer({"--blocks", std::to_string(blocks), "--size-mib", std::to_string(size),
+                        "--devices", std::to_string(1 + i % 2)});
+    expected[c.pid] = {blocks, size};
+  }
+  std::vector<pid_t> churning;
+  for (int i = 0; i < kChurning; ++i)
+    churning.push_back(producer({"--churn", "--interval-ms", "1"}).pid);
+
+  // The socket: every producer, with the figures it holds.
+  ASSERT_TRUE(eventually([&] {
+    auto a = query({{"cmd", "list"}});
+    return a && (*a)["processes"].size() == std::size_t(kQuiet + kChurning);
+  })) << query({{"cmd", "list"}}).value_or(json::object()).value("processes", json::array()).size();
+  auto answer = *query({{"cmd", "list"}});
+  int checked = 0;
+  for (const auto& p : answer["processes"]) {
+    pid_t pid = p["pid"].get<pid_t>();
+    auto it = expected.find(pid);
+    if (it == expected.end()) continue;
+    auto [blocks, size] = it->second;
+    ASSERT_GE(p["devices"].size(), 1u);
+    for (const auto& d : p["devices"]) {
+      EXPECT_EQ(d["bytes_requested"].get<std::uint64_t>(), std::uint64_t(blocks) * size * MiB)
+          << "pid " << pid;
+      EXPECT_EQ(d["live_blocks"].get<std::uint64_t>(), std::uint64_t(blocks));
+      EXPECT_GE(d["bytes_reserved"].get<std::uint64_t>(), std::uint64_t(blocks) * size * MiB);
+      EXPECT_EQ(d["allocs"].get<std::uint64_t>(), std::uint64_t(blocks));
+    }
+    EXPECT_NE(p["command"].get<std::string>().find("stats_producer"), std::string::npos);
+    ++checked;
+  }
+  EXPECT_EQ(checked, kQuiet);
+
+  // The CLI, through the daemon and directly: the same processes and figures.
+  auto via_daemon = listed();
+  EXPECT_EQ(via_daemon.size(), std::size_t(kQuiet + kChurning));
+  auto [rc, out] = run({GPUSTITCH_CLI, "ps", "--json", "--direct", "--prefix", g_.prefix});
+  EXPECT_EQ(rc, 0);
+  json direct = json::parse(out);
+  EXPECT_EQ(direct["source"], "direct");
+  EXPECT_EQ(direct["processes"].size(), std::size_t(kQuiet + kChurning));
+  for (const auto& p : direct["processes"]) {
+    auto it = expected.find(p["pid"].get<pid_t>());
+    if (it == expected.end()) continue;
+    EXPECT_EQ(p["devices"][0]["bytes_requested"].get<std::uint64_t>(),
+              std::uint64_t(it->second.first) * it->second.second * MiB);
+  }
+  auto [trc, table] = run({GPUSTITCH_CLI, "ps", "--socket", socket_});
+  EXPECT_EQ(trc, 0);
+  EXPECT_NE(table.find("ALLOCATED"), std::string::npos);
+  EXPECT_NE(table.find(std::to_string(expected.begin()->first)), std::string::npos);
+
+  // show: counters, histogram, and history from the daemon.
+  pid_t one = expected.begin()->first;
+  std::this_thread::sleep_for(300ms);  // a few history samples
+  auto [src, shown] =
+      run({GPUSTITCH_CLI, "show", std::to_string(one), "--json", "--socket", socket_});
+  ASSERT_EQ(src, 0) << shown;
+  json s = json::parse(shown);
+  EXPECT_EQ(s["process"]["pid"].get<pid_t>(), one);
+  EXPECT_EQ(s["process"]["devices"][0]["hist_allocs"].size(), 32u);
+  EXPECT_GE(s["history"][0]["allocated"].size(), 2u);
+  auto [hrc, human] = run({GPUSTITCH_CLI, "show", std::to_string(one), "--socket", socket_});
+  EXPECT_EQ(hrc, 0);
+  EXPECT_NE(human.find("history, device 0"), std::string::npos) << human;
+  EXPECT_EQ(run({GPUSTITCH_CLI, "show", "999999999", "--socket", socket_}).first, 3);
+
+  // Prometheus: one series per process and device, and the process count.
+  std::string metrics = http_get(port_, "/metrics");
+  EXPECT_NE(metrics.find("HTTP/1.1 200"), std::string::npos);
+  EXPECT_NE(metrics.find("\ngpustitch_processes " + std::to_string(kQuiet + kChurning) + "\n"),
+            std::string::npos);
+  EXPECT_NE(
+      metrics.find("gpustitch_allocated_bytes{pid=\"" + std::to_string(one) + "\",device=\"0\""),
+      std::string::npos);
+  EXPECT_NE(http_get(port_, "/nope").find("404"), std::string::npos);
+
+  // SIGKILL the churning producers mid-update: detected and reaped within a few intervals.
+  for (pid_t pid : churning) ::kill(pid, SIGKILL);
+  for (pid_t pid : churning) ::waitpid(pid, nullptr, 0);
+  ASSERT_TRUE(eventually([&] {
+    auto a = query({{"cmd", "list"}});
+    return a && (*a)["processes"].size() == std::size_t(kQuiet);
+  }));
+  auto names = shm::discover_records(g_.prefix);
+  EXPECT_EQ(names.size(), std::size_t(kQuiet));
+  for (const auto& n : names)
+    EXPECT_TRUE(std::find(churning.begin(), churning.end(), n.pid) == churning.end());
+  auto status = *query({{"cmd", "status"}});
+  EXPECT_EQ(status["tracked"].get<int>(), kQuiet);
+
+  // A recycled pid: a record for a live pid with another start time (the previous owner of the
+  // pid). The live process keeps its figures; the stale record is removed.
+  shm::RecordName stale{g_.prefix, ::geteuid(), one, shm::process_start_time(one).value_or(2) - 1};
+  std::string why;
+  auto w = shm::RecordWriter::create(stale, "/bin/old", "old", 100, &why);
+  ASSERT_TRUE(w) << why;
+  ASSERT_TRUE(eventually([&] {
+    struct stat st;
+    return ::stat(stale.path().c_str(), &st) != 0;
+  }));
+  auto after = *query({{"cmd", "show"}, {"pid", one}});
+  ASSERT_TRUE(after["ok"].get<bool>());
+  EXPECT_EQ(after["process"]["command"].get<std::string>().find("old"), std::string::npos);
+  EXPECT_EQ(after["process"]["start_time"].get<std::uint64_t>(), *shm::process_start_time(one));
+
+  // SIGHUP reloads the file; SIGTERM stops cleanly and removes the socket.
+  std::ofstream(config_) << "sample_interval_ms = 50\nrecord_prefix = " << g_.prefix << "\n";
+  ::kill(daemon_.pid, SIGHUP);
+  ASSERT_TRUE(eventually([&] {
+    auto a = query({{"cmd", "list"}});
+    return a && (*a)["sample_interval_ms"] == 50;
+  }));
+  ::kill(daemon_.pid, SIGTERM);
+  int st = 0;
+  ASSERT_EQ(::waitpid(daemon_.pid, &st, 0), daemon_.pid);
+  daemon_.pid = -1;
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  EXPECT_FALSE(std::filesystem::exists(socket_));
+  // Without the daemon the CLI still works (direct), and --daemon fails with 4.
+  EXPECT_EQ(run({GPUSTITCH_CLI, "ps", "--daemon", "--socket", socket_}).first, 4);
+}
+
+// An out-of-memory in the pool reaches the record's event ring with its figures, the OOM counter,
+// the CLI and Prometheus.
+TEST_F(StatsEndToEnd, PoolOutOfMemoryShowsAsAnEventWithItsFigures) {
+  Child c = producer({"--oom", "--blocks", "1", "--size-mib", "2"});
+  ASSERT_TRUE(eventually([&] {
+    auto a = query({{"cmd", "show"}, {"pid", c.pid}});
+    return a && (*a)["ok"].get<bool>() && !(*a)["process"]["events"].empty();
+  }));
+  auto [rc, out] =
+      run({GPUSTITCH_CLI, "show", std::to_string(c.pid), "--json", "--socket", socket_});
+  ASSERT_EQ(rc, 0);
+  json p = json::parse(out)["process"];
+  EXPECT_EQ(p["devices"][0]["ooms"].get<std::uint64_t>(), 1u);
+  const json* oom = nullptr;
+  for (const auto& e : p["events"])
+    if (e["kind"] == "oom") oom = &e;
+  ASSERT_TRUE(oom) << p["events"].dump();
+  EXPECT_EQ((*oom)["device"].get<int>(), 0);
+  EXPECT_EQ((*oom)["size"].get<std::uint64_t>(), 32ull << 30);
+  EXPECT_LT((*oom)["largest_possible"].get<std::uint64_t>(), 16ull << 30);
+  EXPECT_GT((*oom)["time_ns"].get<std::uint64_t>(), 0u);
+  auto [hrc, human] = run({GPUSTITCH_CLI, "show", std::to_string(c.pid), "--socket", socket_});
+  EXPECT_NE(human.find("oom  dev 0  requested 32.0 GiB"), std::string::npos) << human;
+  EXPECT_NE(http_get(port_, "/metrics")
+                .find("gpustitch_oom_total{pid=\"" + std::to_string(c.pid) + "\",device=\"0\""),
+            std::string::npos);
+}
+
+// Another user: cannot read or write someone else's record, and the daemon and CLI show each
+// user only their own processes; root sees all.
+TEST_F(StatsEndToEnd, UsersSeeOnlyTheirOwnProcesses) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a producer as nobody";
+  constexpr int kNobody = 65534;
+  Child mine = producer({"--blocks", "1", "--size-mib", "2"});
+  Child theirs = producer({"--blocks", "3", "--size-mib", "2"}, kNobody, kNobody);
+  ASSERT_TRUE(eventually([&] {
+    auto a = query({{"cmd", "list"}});
+    return a && (*a)["processes"].size() == 2;
+  }));
+  // nobody's record: 0600, owned by nobody.
+  auto names = shm::discover_records(g_.prefix, kNobody);
+  ASSERT_EQ(names.size(), 1u);
+  struct stat st;
+  ASSERT_EQ(::stat(names[0].path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, static_cast<uid_t>(kNobody));
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  // As nobody: root's record can be neither read nor written.
+  auto root_names = shm::discover_records(g_.prefix, 0);
+  ASSERT_EQ(root_names.size(), 1u);
+  pid_t probe = ::fork();
+  if (probe == 0) {
+    if (::setgroups(0, nullptr) != 0 || ::setgid(kNobody) != 0 || ::setuid(kNobody) != 0)
+      ::_exit(10);
+    int r = ::open(root_names[0].path().c_str(), O_RDONLY);
+    int w = ::open(root_names[0].path().c_str(), O_RDWR);
+    ::_exit(r < 0 && errno == EACCES && w < 0 ? 0 : 11);
+  }
+  int status = 0;
+  ::waitpid(probe, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << WEXITSTATUS(status);
+
+  // The daemon: nobody sees only nobody's process; root sees both.
+  auto as_nobody = listed(kNobody, kNobody);
+  ASSERT_EQ(as_nobody.size(), 1u);
+  EXPECT_EQ(as_nobody.begin()->first, theirs.pid);
+  EXPECT_EQ(as_nobody.begin()->second["devices"][0]["bytes_requested"].get<std::uint64_t>(),
+            3 * 2 * MiB);
+  EXPECT_EQ(listed().size(), 2u);
+  auto [rc, out] =
+      run({GPUSTITCH_CLI, "show", std::to_string(mine.pid), "--json", "--socket", socket_}, kNobody,
+          kNobody);
+  EXPECT_EQ(rc, 3) << out;  // "not found", as for a process that does not exist
+  // Directly, without the daemon: nobody reads only its own records.
+  auto [drc, dout] =
+      run({GPUSTITCH_CLI, "ps", "--json", "--direct", "--prefix", g_.prefix}, kNobody, kNobody);
+  EXPECT_EQ(drc, 0);
+  json d = json::parse(dout);
+  ASSERT_EQ(d["processes"].size(), 1u);
+  EXPECT_EQ(d["processes"][0]["pid"].get<pid_t>(), theirs.pid);
+}

@@ -1,0 +1,175 @@
+// gpustitch top: a refreshing view of every process using gpustitch (like gpustat -i / nvtop),
+// with per-device totals. Plain ANSI: clears the screen each refresh; `q` or Ctrl-C quits.
+#include <poll.h>
+#include <signal.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <iostream>
+#include <map>
+
+#include "stats_client.h"
+
+namespace gpustitch::cli {
+namespace {
+
+volatile sig_atomic_t g_stop = 0;
+void on_sigint(int) {
+  g_stop = 1;
+}
+
+struct TopOptions {
+  SourceOptions source;
+  double interval = 1.0;
+  unsigned iterations = 0;
+  std::string sort = "reserved";
+};
+
+// Puts the terminal in non-canonical mode (so `q` arrives without Enter) while alive.
+class RawTerminal {
+ public:
+  RawTerminal() {
+    if (!::isatty(STDIN_FILENO) || ::tcgetattr(STDIN_FILENO, &saved_) != 0) return;
+    termios raw = saved_;
+    raw.c_lflag &= ~(ICANON | ECHO);
+    raw.c_cc[VMIN] = 0;
+    raw.c_cc[VTIME] = 0;
+    active_ = ::tcsetattr(STDIN_FILENO, TCSANOW, &raw) == 0;
+  }
+  ~RawTerminal() {
+    if (active_) ::tcsetattr(STDIN_FILENO, TCSANOW, &saved_);
+  }
+
+ private:
+  termios saved_{};
+  bool active_ = false;
+};
+
+std::uint64_t device_sort_key(const nlohmann::json& p, const std::string& key) {
+  std::uint64_t v = 0;
+  for (const auto& d : p.value("devices", nlohmann::json::array())) {
+    if (key == "allocated")
+      v += u64(d, "bytes_allocated");
+    else if (key == "ooms")
+      v += u64(d, "ooms");
+    else if (key == "stitches")
+      v += u64(d, "stitches");
+    else if (key == "fragmentation")
+      v = std::max<std::uint64_t>(v, std::llround(f64(d, "fragmentation") * 1e6));
+    else
+      v += u64(d, "bytes_reserved");
+  }
+  return v;
+}
+
+std::string render(const Fetched& f, const TopOptions& o) {
+  auto processes = f.answer["processes"];
+  std::vector<nlohmann::json> list(processes.begin(), processes.end());
+  std::stable_sort(list.begin(), list.end(), [&](const auto& a, const auto& b) {
+    if (o.sort == "pid") return u64(a, "pid") < u64(b, "pid");
+    return device_sort_key(a, o.sort) > device_sort_key(b, o.sort);
+  });
+  struct Totals {
+    std::uint64_t allocated = 0, reserved = 0, free = 0, total = 0, ooms = 0, procs = 0;
+  };
+  std::map<std::uint64_t, Totals> per_device;
+  for (const auto& p : list)
+    for (const auto& d : p.value("devices", nlohmann::json::array())) {
+      auto& t = per_device[u64(d, "device")];
+      t.allocated += u64(d, "bytes_allocated");
+      t.reserved += u64(d, "bytes_reserved");
+      t.free = u64(d, "device_free");
+      t.total = u64(d, "device_total");
+      t.ooms += u64(d, "ooms");
+      t.procs += 1;
+    }
+  std::string out;
+  char stamp[32];
+  std::time_t now = std::time(nullptr);
+  std::strftime(stamp, sizeof stamp, "%H:%M:%S", std::localtime(&now));
+  out += "gpustitch top - " + std::string(stamp) + " - " + std::to_string(list.size()) +
+         " processes (source: " + f.source + ")   q: quit\n";
+  for (const auto& [dev, t] : per_device) {
+    double used = t.total ? 1.0 - double(t.free) / double(t.total) : 0.0;
+    int bar = 30, filled = static_cast<int>(std::lround(used * bar));
+    out += "dev " + std::to_string(dev) + " [" + std::string(std::clamp(filled, 0, bar), '#') +
+           std::string(bar - std::clamp(filled, 0, bar), '.') + "] " +
+           human_bytes(t.total - std::min(t.free, t.total)) + " / " + human_bytes(t.total) +
+           " used   gpustitch: " + human_bytes(t.allocated) + " allocated, " +
+           human_bytes(t.reserved) + " reserved, " + std::to_string(t.ooms) + " OOMs, " +
+           std::to_string(t.procs) + " procs\n";
+  }
+  out += "\n";
+  out += format_table(process_rows(nlohmann::json(list), true), kProcessRowAlign, terminal_width());
+  return out;
+}
+
+Registrar reg{
+    "top", "Refreshing view of processes using gpustitch",
+    [](CLI::App& sub, GlobalOptions& global) -> std::function<int()> {
+      auto opts = std::make_shared<TopOptions>();
+      add_source_options(sub, opts->source);
+      sub.add_option("-d,--interval", opts->interval, "Seconds between refreshes")
+          ->check(CLI::Range(0.05, 3600.0));
+      sub.add_option("-n,--iterations", opts->iterations, "Stop after N refreshes (0 = until q)");
+      sub.add_option("-s,--sort", opts->sort,
+                     "Sort by reserved|allocated|fragmentation|ooms|stitches|pid")
+          ->check(
+              CLI::IsMember({"reserved", "allocated", "fragmentation", "ooms", "stitches", "pid"}));
+      sub.footer(
+          "With --json prints one JSON object per refresh, one per line.\nExit status: 0, "
+          "or 4 when the daemon is required but unreachable.");
+      return [opts, &global]() {
+        struct sigaction sa {};
+        sa.sa_handler = on_sigint;
+        ::sigaction(SIGINT, &sa, nullptr);
+        ::sigaction(SIGTERM, &sa, nullptr);
+        bool tty = ::isatty(STDOUT_FILENO) && !global.json;
+        std::optional<RawTerminal> raw;
+        if (tty) raw.emplace();
+        for (unsigned i = 0; !g_stop && (opts->iterations == 0 || i < opts->iterations); ++i) {
+          Fetched f = fetch_list(opts->source, /*summary=*/!global.json);
+          if (f.status != kOk) {
+            std::cerr << "gpustitch top: " << f.error << "\n";
+            return f.status;
+          }
+          if (global.json) {
+            std::cout << nlohmann::json{{"time_ns",
+                                         std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                             std::chrono::system_clock::now().time_since_epoch())
+                                             .count()},
+                                        {"source", f.source},
+                                        {"processes", f.answer["processes"]}}
+                             .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                      << "\n";
+          } else {
+            std::cout << (tty ? "\x1b[H\x1b[2J" : "") << render(f, *opts);
+            if (!tty) std::cout << "\n";
+          }
+          std::cout.flush();
+          if (opts->iterations && i + 1 == opts->iterations) break;
+          // Wait for the interval, or for `q` on the terminal.
+          auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::milliseconds(static_cast<long>(opts->interval * 1000));
+          while (!g_stop) {
+            auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                deadline - std::chrono::steady_clock::now());
+            if (left.count() <= 0) break;
+            pollfd p{STDIN_FILENO, POLLIN, 0};
+            int r = ::poll(&p, raw ? 1 : 0, static_cast<int>(left.count()));
+            if (r > 0) {
+              char c = 0;
+              if (::read(STDIN_FILENO, &c, 1) == 1 && (c == 'q' || c == 'Q')) g_stop = 1;
+            }
+          }
+        }
+        return int(kOk);
+      };
+    }};
+
+}  // namespace
+}  // namespace gpustitch::cli
