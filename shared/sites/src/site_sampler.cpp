@@ -156,8 +156,20 @@ bool SiteSampler::should_sample(std::size_t size) noexcept {
 
 void SiteSampler::on_allocate(int, DevPtr ptr, std::size_t size, Stream, ServedBy) noexcept {
   if (!should_sample(size)) return;
-  void* pcs[128];
-  int n = capture_stack(pcs, options_.max_depth);
+  // Start the stack at our caller: the frames of capture_stack and of this function are dropped
+  // by finding our own return address among the first few captured ones.
+  void* const caller = __builtin_return_address(0);
+  void* raw[130];
+  int n = capture_stack(raw, options_.max_depth + 2);
+  int first = 0;
+  for (int i = 0; i < n && i < 4; ++i) {
+    if (raw[i] == caller) {
+      first = i;
+      break;
+    }
+  }
+  void** pcs = raw + first;
+  n = std::min(n - first, options_.max_depth);
   std::uint64_t h = hash_pcs(pcs, n);
   try {
     {

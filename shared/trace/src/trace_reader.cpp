@@ -113,9 +113,9 @@ Trace read_trace(std::istream& in) {
     std::string_view view = trim(line);
     if (view.empty()) continue;
     auto fields = split(view);
-    if (lineno == 1 || (!trace.has_header && trace.events.empty() && !fields.empty() &&
-                        fields[0] == "Thread")) {
-      if (!fields.empty() && fields[0] == "Thread") {
+    if (!trace.has_header && trace.events.empty()) {
+      bool is_header = std::find(fields.begin(), fields.end(), "Action") != fields.end();
+      if (is_header) {
         std::map<std::string_view, int> at;
         for (std::size_t i = 0; i < fields.size(); ++i) at[fields[i]] = static_cast<int>(i);
         auto col = [&](std::string_view name, int fallback) {

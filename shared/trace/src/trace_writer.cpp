@@ -178,6 +178,7 @@ struct TraceWriter::Impl {
   alignas(64) std::uint64_t head = 0;  // touched only by the drainer holding drain_lock
   std::atomic<bool> drain_lock{false};
   char* buf = nullptr;
+  std::uint64_t committed = 0;  // file size after the last fully written batch
   static constexpr std::size_t kBufSize = 1 << 16;
   static constexpr std::size_t kMaxLine = 160;
   long utc_offset_s = 0;
@@ -239,20 +240,21 @@ struct TraceWriter::Impl {
 
   // Writes [data, data+n); on failure reports once and marks the writer failed.
   bool write_all(const char* data, std::size_t n) noexcept {
+    const std::size_t total = n;
     while (n > 0) {
       ssize_t w = ::write(fd, data, n);
       if (w < 0 && errno == EINTR) continue;
-      if (w < 0) {
-        fail(errno);
-        return false;
-      }
-      if (w == 0) {
-        fail(ENOSPC);
+      if (w <= 0) {
+        int err = w < 0 ? errno : ENOSPC;
+        // Cut a partly written batch back to the last whole line, so the file stays readable.
+        if (ftruncate(fd, static_cast<off_t>(committed)) == 0) lseek(fd, 0, SEEK_END);
+        fail(err);
         return false;
       }
       data += w;
       n -= static_cast<std::size_t>(w);
     }
+    committed += total;
     return true;
   }
 
