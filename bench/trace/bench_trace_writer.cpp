@@ -1,0 +1,40 @@
+// Cost of trace recording on the allocating thread (one allocate + one free event), with the
+// writer thread formatting and writing in the background, from 1 and 4 threads.
+#include <benchmark/benchmark.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "gpustitch/trace/trace_writer.h"
+
+using namespace gpustitch;
+using namespace gpustitch::trace;
+
+namespace {
+
+TraceWriter* g_writer = nullptr;
+
+void RecordPair(benchmark::State& state) {
+  if (state.thread_index() == 0) {
+    TraceWriterOptions o;
+    o.path = "/tmp/gpustitch_bench_trace_" + std::to_string(getpid()) + ".csv";
+    o.handle_sigterm = false;
+    g_writer = new TraceWriter(o);
+  }
+  DevPtr p = 0x7f0000000000 + (static_cast<DevPtr>(state.thread_index()) << 36);
+  for (auto _ : state) {
+    g_writer->on_allocate(0, p, 4096, kAnyStream, ServedBy::cache);
+    g_writer->on_free(0, p, 4096, kAnyStream);
+    p += 4096;
+  }
+  if (state.thread_index() == 0) {
+    std::string path = g_writer->path();
+    delete g_writer;
+    unlink(path.c_str());
+  }
+}
+
+}  // namespace
+
+BENCHMARK(RecordPair)->Threads(1)->Threads(4)->UseRealTime();
+BENCHMARK_MAIN();
