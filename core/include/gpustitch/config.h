@@ -22,30 +22,33 @@ struct Config {
   BackendKind backend = BackendKind::automatic;  // backend:cuda|sim|auto
   // Cached blocks at least this large are never split, and are used only for requests at least
   // this large (PyTorch's max_split_size_mb). SIZE_MAX = no limit.
-  std::size_t max_split_size = SIZE_MAX;           // max_split_size_mb
+  std::size_t max_split_size = SIZE_MAX;  // max_split_size_mb
   // Idle cached physical memory above this is handed back to the driver. SIZE_MAX = keep all
   // (cached memory is still released before an out-of-memory is reported).
-  std::size_t release_threshold = SIZE_MAX;        // release_threshold_mb
-  std::size_t small_limit = 1 * MiB;               // small_limit_kb: below, size-class chunks
-  std::size_t cap = 0;                             // cap_mb: most physical memory per device
-  double cap_fraction = 0.0;                       // cap_fraction: of the device's total
-  bool stitching = true;                           // stitching:on|off
+  std::size_t release_threshold = SIZE_MAX;  // release_threshold_mb
+  std::size_t small_limit = 1 * MiB;         // small_limit_kb: below, size-class chunks
+  std::size_t cap = 0;                       // cap_mb: most physical memory per device
+  double cap_fraction = 0.0;                 // cap_fraction: of the device's total
+  bool stitching = true;                     // stitching:on|off
+  // Frees wait for device work on a background thread (thread), or only when an allocation
+  // needs their memory (inline: deterministic, for tests and replay).
+  bool background_reclaim = true;  // reclaim:thread|inline
   // --- simulated backend --------------------------------------------------------------------
-  std::size_t sim_capacity = 80 * GiB;             // sim_capacity_mb
-  std::size_t sim_granularity = 2 * MiB;           // sim_granularity_kb
-  int sim_devices = 1;                             // sim_devices
-  bool sim_map_offset = true;                      // sim_map_offset:on|off
+  std::size_t sim_capacity = 80 * GiB;    // sim_capacity_mb
+  std::size_t sim_granularity = 2 * MiB;  // sim_granularity_kb
+  int sim_devices = 1;                    // sim_devices
+  bool sim_map_offset = true;             // sim_map_offset:on|off
   // --- layers above the core (preload shim, statistics, tracing) ----------------------------
-  bool enabled = true;                             // enable:on|off (shim passes everything through)
-  bool ipc_native = false;                         // ipc:native|pool
-  std::string trace_path;                          // trace:PATH
-  std::string log_level = "warn";                  // log_level:trace|debug|info|warn|error|off
-  bool publish = true;                             // publish:on|off (shared-memory statistics)
-  unsigned publish_interval_ms = 100;              // publish_interval_ms
-  std::size_t sites_min_size = 0;                  // sites_min_mb: capture stacks at/above (0=off)
-  unsigned sites_sample = 0;                       // sites_sample: capture 1 in K (0=off)
-  bool coop = true;                                // coop:on|off (cooperative release)
-  unsigned coop_wait_ms = 50;                      // coop_wait_ms
+  bool enabled = true;                 // enable:on|off (shim passes everything through)
+  bool ipc_native = false;             // ipc:native|pool
+  std::string trace_path;              // trace:PATH
+  std::string log_level = "warn";      // log_level:trace|debug|info|warn|error|off
+  bool publish = true;                 // publish:on|off (shared-memory statistics)
+  unsigned publish_interval_ms = 100;  // publish_interval_ms
+  std::size_t sites_min_size = 0;      // sites_min_mb: capture stacks at/above (0=off)
+  unsigned sites_sample = 0;           // sites_sample: capture 1 in K (0=off)
+  bool coop = true;                    // coop:on|off (cooperative release)
+  unsigned coop_wait_ms = 50;          // coop_wait_ms
 };
 
 struct ConfigResult {

@@ -11,14 +11,16 @@
 namespace gpustitch {
 
 struct BlockInfo {
-  DevPtr base = 0;           // start of the live allocation
-  std::size_t size = 0;      // size the caller asked for
-  std::size_t rounded = 0;   // size reserved for it
+  DevPtr base = 0;          // start of the live allocation
+  std::size_t size = 0;     // size the caller asked for
+  std::size_t rounded = 0;  // size reserved for it
   int device = -1;
   Stream stream = kAnyStream;  // stream it was allocated on (kAnyStream for cudaMalloc)
 };
 
+namespace detail {
 class DevicePool;
+}
 
 class Pool {
  public:
@@ -69,13 +71,13 @@ class Pool {
   void atfork_child() noexcept;
 
  private:
-  DevicePool* device(int device) const noexcept;
+  detail::DevicePool* device(int device) const noexcept;
 
   Backend& backend_;
   Config config_;
   PoolObserver* observer_;
   int device_count_ = 0;
-  std::unique_ptr<std::unique_ptr<DevicePool>[]> devices_;
+  std::unique_ptr<std::unique_ptr<detail::DevicePool>[]> devices_;
 };
 
 }  // namespace gpustitch

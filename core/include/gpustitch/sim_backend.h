@@ -21,13 +21,22 @@ namespace gpustitch {
 
 struct SimOptions {
   int devices = 1;
-  std::size_t capacity = 80 * GiB;     // per device
+  std::size_t capacity = 80 * GiB;  // per device
   std::size_t granularity = 2 * MiB;
-  bool map_offset = true;              // whether map() accepts a non-zero handle offset
+  bool map_offset = true;  // whether map() accepts a non-zero handle offset
 };
 
 enum class SimOp : int {
-  reserve, unreserve, create, release, map, unmap, set_access, synchronize, mem_info, count_
+  reserve,
+  unreserve,
+  create,
+  release,
+  map,
+  unmap,
+  set_access,
+  synchronize,
+  mem_info,
+  count_
 };
 
 class SimBackend final : public Backend {

@@ -32,16 +32,16 @@ struct DeviceStats {
   std::uint64_t largest_possible = 0;    // largest allocation that can succeed now
   std::uint64_t peak_allocated = 0;
   std::uint64_t peak_reserved = 0;
-  std::uint64_t device_free = 0;   // driver's free memory at the last query
+  std::uint64_t device_free = 0;  // driver's free memory at the last query
   std::uint64_t device_total = 0;
   // Event counts since start.
   std::uint64_t allocs = 0;
   std::uint64_t frees = 0;
-  std::uint64_t cache_hits = 0;   // served from cached memory (large blocks and small chunks)
-  std::uint64_t fresh = 0;        // served by creating a new physical handle
-  std::uint64_t stitches = 0;     // served by stitching cached pieces into a new range
+  std::uint64_t cache_hits = 0;  // served from cached memory (large blocks and small chunks)
+  std::uint64_t fresh = 0;       // served by creating a new physical handle
+  std::uint64_t stitches = 0;    // served by stitching cached pieces into a new range
   std::uint64_t stitched_bytes = 0;
-  std::uint64_t trims = 0;        // trim passes that released memory
+  std::uint64_t trims = 0;  // trim passes that released memory
   std::uint64_t trimmed_bytes = 0;
   std::uint64_t ooms = 0;
   std::uint64_t hist_allocs[kHistogramBuckets] = {};  // allocations since start, by size
@@ -49,9 +49,9 @@ struct DeviceStats {
 
   // 1 - allocated/reserved: the figure users already quote from PyTorch.
   double fragmentation() const noexcept {
-    return bytes_reserved == 0 ? 0.0
-                               : 1.0 - static_cast<double>(bytes_allocated) /
-                                           static_cast<double>(bytes_reserved);
+    return bytes_reserved == 0
+               ? 0.0
+               : 1.0 - static_cast<double>(bytes_allocated) / static_cast<double>(bytes_reserved);
   }
 };
 

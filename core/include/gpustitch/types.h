@@ -23,12 +23,12 @@ inline constexpr Stream kAnyStream = ~Stream{0};
 
 enum class Status : int {
   ok = 0,
-  out_of_memory,     // not enough physical memory, even after trimming and stitching
-  invalid_value,     // bad argument (unknown pointer, zero device count, ...)
-  invalid_device,    // device ordinal out of range
-  not_supported,     // the backend cannot do this (no VMM support, ...)
-  not_initialized,   // no driver / backend unusable
-  error,             // any other backend failure
+  out_of_memory,    // not enough physical memory, even after trimming and stitching
+  invalid_value,    // bad argument (unknown pointer, zero device count, ...)
+  invalid_device,   // device ordinal out of range
+  not_supported,    // the backend cannot do this (no VMM support, ...)
+  not_initialized,  // no driver / backend unusable
+  error,            // any other backend failure
 };
 
 const char* to_string(Status s) noexcept;

@@ -1,0 +1,209 @@
+// GPUSTITCH_CONF parsing. See config.h for the policy on bad input.
+#include "gpustitch/config.h"
+
+#include <charconv>
+#include <cstdlib>
+#include <functional>
+#include <string>
+
+namespace gpustitch {
+namespace {
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\n')) {
+    s.remove_prefix(1);
+  }
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\n')) {
+    s.remove_suffix(1);
+  }
+  return s;
+}
+
+bool parse_u64(std::string_view v, std::uint64_t* out) {
+  if (v.empty()) return false;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), *out);
+  return ec == std::errc() && p == v.data() + v.size();
+}
+
+bool parse_double(std::string_view v, double* out) {
+  if (v.empty()) return false;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), *out);
+  return ec == std::errc() && p == v.data() + v.size();
+}
+
+bool parse_bool(std::string_view v, bool* out) {
+  if (v == "on" || v == "true" || v == "1" || v == "yes") return *out = true, true;
+  if (v == "off" || v == "false" || v == "0" || v == "no") return *out = false, true;
+  return false;
+}
+
+// A size in `unit` bytes, with overflow check.
+bool parse_scaled(std::string_view v, std::size_t unit, std::size_t* out) {
+  std::uint64_t n = 0;
+  if (!parse_u64(v, &n) || n > SIZE_MAX / unit) return false;
+  *out = static_cast<std::size_t>(n) * unit;
+  return true;
+}
+
+struct KeySpec {
+  std::string_view key;
+  std::string_view expects;  // for the error message
+  std::function<bool(std::string_view, Config&)> apply;
+};
+
+const std::vector<KeySpec>& key_specs() {
+  static const std::vector<KeySpec> specs = {
+      {"backend", "cuda, sim or auto",
+       [](std::string_view v, Config& c) {
+         if (v == "cuda") return c.backend = BackendKind::cuda, true;
+         if (v == "sim") return c.backend = BackendKind::sim, true;
+         if (v == "auto") return c.backend = BackendKind::automatic, true;
+         return false;
+       }},
+      {"max_split_size_mb", "a size in MiB (>= 1)",
+       [](std::string_view v, Config& c) {
+         std::size_t s;
+         if (!parse_scaled(v, MiB, &s) || s == 0) return false;
+         return c.max_split_size = s, true;
+       }},
+      {"release_threshold_mb", "a size in MiB",
+       [](std::string_view v, Config& c) { return parse_scaled(v, MiB, &c.release_threshold); }},
+      {"small_limit_kb", "a size in KiB between 1 and 16384",
+       [](std::string_view v, Config& c) {
+         std::size_t s;
+         if (!parse_scaled(v, KiB, &s) || s < KiB || s > 16 * MiB) return false;
+         return c.small_limit = s, true;
+       }},
+      {"cap_mb", "a size in MiB",
+       [](std::string_view v, Config& c) { return parse_scaled(v, MiB, &c.cap); }},
+      {"cap_fraction", "a fraction between 0 and 1",
+       [](std::string_view v, Config& c) {
+         double f;
+         if (!parse_double(v, &f) || !(f >= 0.0 && f <= 1.0)) return false;
+         return c.cap_fraction = f, true;
+       }},
+      {"stitching", "on or off",
+       [](std::string_view v, Config& c) { return parse_bool(v, &c.stitching); }},
+      {"reclaim", "thread or inline",
+       [](std::string_view v, Config& c) {
+         if (v == "thread") return c.background_reclaim = true, true;
+         if (v == "inline") return c.background_reclaim = false, true;
+         return false;
+       }},
+      {"sim_capacity_mb", "a size in MiB (>= 1)",
+       [](std::string_view v, Config& c) {
+         std::size_t s;
+         if (!parse_scaled(v, MiB, &s) || s == 0) return false;
+         return c.sim_capacity = s, true;
+       }},
+      {"sim_granularity_kb", "a power of two in KiB, at least 4",
+       [](std::string_view v, Config& c) {
+         std::size_t s;
+         if (!parse_scaled(v, KiB, &s) || s < 4 * KiB || (s & (s - 1)) != 0) return false;
+         return c.sim_granularity = s, true;
+       }},
+      {"sim_devices", "a device count between 1 and 16",
+       [](std::string_view v, Config& c) {
+         std::uint64_t n;
+         if (!parse_u64(v, &n) || n < 1 || n > 16) return false;
+         return c.sim_devices = static_cast<int>(n), true;
+       }},
+      {"sim_map_offset", "on or off",
+       [](std::string_view v, Config& c) { return parse_bool(v, &c.sim_map_offset); }},
+      {"enable", "on or off",
+       [](std::string_view v, Config& c) { return parse_bool(v, &c.enabled); }},
+      {"ipc", "native or pool",
+       [](std::string_view v, Config& c) {
+         if (v == "native") return c.ipc_native = true, true;
+         if (v == "pool") return c.ipc_native = false, true;
+         return false;
+       }},
+      {"trace", "a file path",
+       [](std::string_view v, Config& c) {
+         if (v.empty()) return false;
+         return c.trace_path = std::string(v), true;
+       }},
+      {"log_level", "trace, debug, info, warn, error or off",
+       [](std::string_view v, Config& c) {
+         for (std::string_view l : {"trace", "debug", "info", "warn", "error", "off"}) {
+           if (v == l) return c.log_level = std::string(v), true;
+         }
+         return false;
+       }},
+      {"publish", "on or off",
+       [](std::string_view v, Config& c) { return parse_bool(v, &c.publish); }},
+      {"publish_interval_ms", "milliseconds between 10 and 60000",
+       [](std::string_view v, Config& c) {
+         std::uint64_t n;
+         if (!parse_u64(v, &n) || n < 10 || n > 60000) return false;
+         return c.publish_interval_ms = static_cast<unsigned>(n), true;
+       }},
+      {"sites_min_mb", "a size in MiB (0 = off)",
+       [](std::string_view v, Config& c) { return parse_scaled(v, MiB, &c.sites_min_size); }},
+      {"sites_sample", "a sampling period K (1 in K; 0 = off)",
+       [](std::string_view v, Config& c) {
+         std::uint64_t n;
+         if (!parse_u64(v, &n) || n > UINT32_MAX) return false;
+         return c.sites_sample = static_cast<unsigned>(n), true;
+       }},
+      {"coop", "on or off", [](std::string_view v, Config& c) { return parse_bool(v, &c.coop); }},
+      {"coop_wait_ms", "milliseconds up to 10000",
+       [](std::string_view v, Config& c) {
+         std::uint64_t n;
+         if (!parse_u64(v, &n) || n > 10000) return false;
+         return c.coop_wait_ms = static_cast<unsigned>(n), true;
+       }},
+  };
+  return specs;
+}
+
+}  // namespace
+
+ConfigResult parse_config(std::string_view text, const Config& base) {
+  ConfigResult result{base, {}};
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    std::size_t comma = text.find(',', pos);
+    if (comma == std::string_view::npos) comma = text.size();
+    std::string_view entry = trim(text.substr(pos, comma - pos));
+    pos = comma + 1;
+    if (entry.empty()) continue;
+    std::size_t colon = entry.find(':');
+    if (colon == std::string_view::npos) {
+      result.errors.push_back("GPUSTITCH_CONF: entry '" + std::string(entry) +
+                              "' is not key:value; ignored");
+      continue;
+    }
+    std::string_view key = trim(entry.substr(0, colon));
+    std::string_view value = trim(entry.substr(colon + 1));
+    const KeySpec* spec = nullptr;
+    for (const auto& s : key_specs()) {
+      if (s.key == key) spec = &s;
+    }
+    if (spec == nullptr) {
+      result.errors.push_back("GPUSTITCH_CONF: unknown key '" + std::string(key) + "'; ignored");
+      continue;
+    }
+    Config trial = result.config;
+    if (!spec->apply(value, trial)) {
+      result.errors.push_back("GPUSTITCH_CONF: " + std::string(key) + ": '" + std::string(value) +
+                              "' is not " + std::string(spec->expects) + "; ignored");
+      continue;
+    }
+    result.config = std::move(trial);
+  }
+  return result;
+}
+
+ConfigResult config_from_env() {
+  const char* text = std::getenv("GPUSTITCH_CONF");
+  return parse_config(text == nullptr ? std::string_view{} : std::string_view{text});
+}
+
+std::vector<std::string_view> config_keys() {
+  std::vector<std::string_view> keys;
+  for (const auto& s : key_specs()) keys.push_back(s.key);
+  return keys;
+}
+
+}  // namespace gpustitch

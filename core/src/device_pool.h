@@ -1,0 +1,147 @@
+// The pool of one device: large blocks in views, stitching, trimming, fencing. See
+// device_pool.cpp for the design.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+#include <vector>
+
+#include "gpustitch/backend.h"
+#include "gpustitch/config.h"
+#include "gpustitch/pool.h"
+#include "gpustitch/stats.h"
+#include "pool_types.h"
+#include "reclaimer.h"
+#include "small_pool.h"
+
+namespace gpustitch::detail {
+
+// Events produced under the lock, delivered to the observer after it is released.
+struct Outcome {
+  ServedBy how = ServedBy::cache;
+  std::size_t size = 0;  // allocate: rounded size; free: the size the caller had asked for
+  bool has_event = false;
+  PoolEvent event{};
+  bool has_event2 = false;
+  PoolEvent event2{};
+  void add(const PoolEvent& e) {
+    if (!has_event) {
+      event = e, has_event = true;
+    } else {
+      event2 = e, has_event2 = true;
+    }
+  }
+};
+
+class DevicePool final : private ChunkSource {
+ public:
+  DevicePool(Backend& backend, const Config& config, int device, PoolObserver* observer);
+  ~DevicePool() override;
+
+  Status allocate(std::size_t size, Stream stream, DevPtr* out, Outcome* outcome) noexcept;
+  // Returns invalid_value for pointers this device's pool did not hand out.
+  Status deallocate(DevPtr ptr, Stream stream, Outcome* outcome) noexcept;
+  bool owns_live(DevPtr ptr) const noexcept;
+  bool find(DevPtr ptr, BlockInfo* out) const noexcept;
+  std::size_t trim(Outcome* outcome) noexcept;
+  Status grant_peer_access(int peer) noexcept;
+  Status mem_info(std::size_t* free, std::size_t* total) noexcept;
+  DeviceStats stats() const noexcept;
+  void drain_pending() noexcept;
+
+  void lock() noexcept { mu_.lock(); }
+  void unlock() noexcept { mu_.unlock(); }
+  void after_fork_child() noexcept;
+
+ private:
+  struct BySize {
+    bool operator()(const Block* a, const Block* b) const {
+      return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
+    }
+  };
+  using FreeSet = std::set<Block*, BySize>;
+  struct LiveEntry {
+    Block* block = nullptr;  // large allocation
+    Chunk* chunk = nullptr;  // small allocation
+    std::uint32_t slot = 0;
+  };
+  struct Segment {  // a lendable address range inside a free block
+    DevPtr ptr;
+    std::size_t size;
+  };
+  struct Slice {  // physical memory to map into a stitched view
+    Handle* handle;
+    std::size_t handle_offset;
+    std::size_t size;
+  };
+
+  // --- allocation paths (lock held) ---
+  Status allocate_large(std::size_t size, std::size_t rounded, Stream stream, Block** out,
+                        Outcome* outcome) noexcept;
+  Block* take_cached(std::size_t rounded, Stream stream) noexcept;
+  Block* take_from(FreeSet& set, std::size_t rounded, bool pending) noexcept;
+  Status create_fresh(std::size_t rounded, Block** out) noexcept;
+  Status stitch(std::size_t rounded, Block** out, std::size_t* pieces) noexcept;
+  bool cap_allows(std::size_t bytes) const noexcept;
+  void mark_allocated(Block* b, std::size_t requested, Stream stream) noexcept;
+
+  // --- block bookkeeping ---
+  Block* split(Block* b, std::size_t size) noexcept;  // b keeps [0,size), returns the rest
+  void make_free(Block* b) noexcept;                  // coalesce and insert into free_
+  void fq_push(Block* b) noexcept;
+  void fq_insert_after(Block* pos, Block* b) noexcept;
+  void fq_remove(Block* b) noexcept;
+  void destroy_view(View* v) noexcept;
+  void dissolve(View* v) noexcept;
+  View* view_of(DevPtr ptr) const noexcept;
+  void lendable(Block* b, std::vector<Segment>* out) const noexcept;
+  void slices_of(DevPtr ptr, std::size_t size, std::vector<Slice>* out) const noexcept;
+  Block* block_at(DevPtr ptr) const noexcept;
+  Status map_access(DevPtr ptr, std::size_t size) noexcept;
+
+  // --- fencing (see reclaimer.cpp) ---
+  bool has_pending() const noexcept { return fq_head_ != nullptr || small_.has_pending(); }
+  bool fence_pass() noexcept;    // reclaimer thread entry: unlocked
+  void fence_locked() noexcept;  // slow path: fence with the lock held
+  void promote(std::uint64_t epoch) noexcept;
+  std::size_t trim_locked(std::size_t keep, Outcome* outcome) noexcept;
+  void maybe_release_locked(Outcome* outcome) noexcept;
+
+  // --- ChunkSource for the small pool ---
+  Block* take_chunk(std::size_t size) noexcept override;
+  void return_chunk(Block* block) noexcept override;
+
+  void emit(const Outcome& outcome) noexcept;
+  PoolEvent make_event(EventKind kind, std::uint64_t size, std::uint64_t pieces) noexcept;
+  std::size_t largest_possible_locked(std::size_t device_free) const noexcept;
+  std::size_t cap_bytes() const noexcept;
+
+  Backend& backend_;
+  const Config& config_;
+  const int device_;
+  PoolObserver* observer_;
+  mutable std::mutex mu_;
+  bool usable_ = false;
+  std::size_t granularity_ = 0;
+  bool map_offset_ = false;
+  std::size_t total_ = 0;
+  std::vector<int> access_;  // this device and its peers
+
+  std::map<DevPtr, View*> views_;
+  FreeSet free_;
+  std::unordered_map<Stream, FreeSet> stream_free_;
+  std::unordered_map<DevPtr, LiveEntry> live_;
+  Block* fq_head_ = nullptr;
+  Block* fq_tail_ = nullptr;
+  std::uint64_t epoch_ = 1;
+  SmallPool small_;
+  DeviceStats stats_;
+  std::size_t last_device_free_ = 0;
+  Outcome* current_outcome_ = nullptr;  // while allocate() runs, for events of chunk allocations
+  Reclaimer reclaimer_;
+};
+
+}  // namespace gpustitch::detail

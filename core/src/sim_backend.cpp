@@ -1,0 +1,292 @@
+// Simulated backend. See sim_backend.h for the model; the notes here are about the mechanics.
+//
+// Reservations are anonymous PROT_NONE mappings with MAP_NORESERVE, over-allocated and trimmed so
+// that their base is granularity-aligned like a real cuMemAddressReserve result. map() replaces a
+// part of a reservation with a MAP_SHARED|MAP_FIXED view of the handle's memfd, still PROT_NONE
+// until set_access() (as on CUDA, where a mapping is inaccessible until cuMemSetAccess). unmap()
+// puts the PROT_NONE anonymous placeholder back so the address range stays reserved.
+#include "gpustitch/sim_backend.h"
+
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <map>
+#include <unordered_map>
+
+namespace gpustitch {
+
+struct SimBackend::State {
+  struct HandleInfo {
+    int fd;
+    std::size_t size;
+    int device;
+  };
+  struct MappingInfo {
+    std::size_t size;
+    bool accessible;
+  };
+  mutable std::mutex mu;
+  std::condition_variable device_cv;
+  bool device_held = false;
+  std::vector<std::size_t> used;
+  std::vector<std::size_t> external;
+  std::unordered_map<PhysHandle, HandleInfo> handles;
+  PhysHandle next_handle = 1;
+  std::map<DevPtr, std::size_t> reservations;  // base -> size
+  std::map<DevPtr, MappingInfo> mappings;      // base -> mapping
+  struct Fault {
+    std::uint64_t countdown = 0;
+    bool always = false;
+    Status status = Status::out_of_memory;
+    std::uint64_t calls = 0;
+  };
+  Fault faults[static_cast<int>(SimOp::count_)];
+
+  // The reservation containing [ptr, ptr+size), or reservations.end().
+  std::map<DevPtr, std::size_t>::iterator reservation_of(DevPtr ptr, std::size_t size) {
+    auto it = reservations.upper_bound(ptr);
+    if (it == reservations.begin()) return reservations.end();
+    --it;
+    if (ptr + size > it->first + it->second || ptr + size < ptr) return reservations.end();
+    return it;
+  }
+  bool overlaps_mapping(DevPtr ptr, std::size_t size) const {
+    auto it = mappings.lower_bound(ptr);
+    if (it != mappings.end() && it->first < ptr + size) return true;
+    if (it != mappings.begin()) {
+      --it;
+      if (it->first + it->second.size > ptr) return true;
+    }
+    return false;
+  }
+};
+
+SimBackend::SimBackend(SimOptions options) : options_(options), state_(std::make_unique<State>()) {
+  if (options_.devices < 1) options_.devices = 1;
+  if (options_.granularity == 0 || (options_.granularity & (options_.granularity - 1)) != 0 ||
+      options_.granularity % static_cast<std::size_t>(sysconf(_SC_PAGESIZE)) != 0) {
+    options_.granularity = 2 * MiB;
+  }
+  state_->used.assign(options_.devices, 0);
+  state_->external.assign(options_.devices, 0);
+  // Each handle is a file descriptor: allow as many as the hard limit permits.
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &lim);
+  }
+}
+
+SimBackend::~SimBackend() {
+  for (auto& [base, m] : state_->mappings) munmap(reinterpret_cast<void*>(base), m.size);
+  for (auto& [base, size] : state_->reservations) munmap(reinterpret_cast<void*>(base), size);
+  for (auto& [id, h] : state_->handles) close(h.fd);
+}
+
+Status SimBackend::check_fault(SimOp op) noexcept {
+  // Called with the lock held.
+  auto& f = state_->faults[static_cast<int>(op)];
+  ++f.calls;
+  if (f.always) return f.status;
+  if (f.countdown > 0 && --f.countdown == 0) return f.status;
+  return Status::ok;
+}
+
+void SimBackend::fail_nth(SimOp op, std::uint64_t nth, Status status) noexcept {
+  std::lock_guard lock(state_->mu);
+  auto& f = state_->faults[static_cast<int>(op)];
+  f.countdown = nth;
+  f.status = status;
+}
+
+void SimBackend::fail_always(SimOp op, bool on, Status status) noexcept {
+  std::lock_guard lock(state_->mu);
+  auto& f = state_->faults[static_cast<int>(op)];
+  f.always = on;
+  f.status = status;
+}
+
+std::uint64_t SimBackend::calls(SimOp op) const noexcept {
+  std::lock_guard lock(state_->mu);
+  return state_->faults[static_cast<int>(op)].calls;
+}
+
+void SimBackend::set_external_usage(int device, std::size_t bytes) noexcept {
+  std::lock_guard lock(state_->mu);
+  if (device >= 0 && device < options_.devices) state_->external[device] = bytes;
+}
+
+void SimBackend::hold_device(bool held) noexcept {
+  {
+    std::lock_guard lock(state_->mu);
+    state_->device_held = held;
+  }
+  state_->device_cv.notify_all();
+}
+
+std::size_t SimBackend::granularity(int) noexcept {
+  return options_.granularity;
+}
+bool SimBackend::supports_map_offset(int) noexcept {
+  return options_.map_offset;
+}
+
+Status SimBackend::mem_info(int device, std::size_t* free, std::size_t* total) noexcept {
+  if (device < 0 || device >= options_.devices) return Status::invalid_device;
+  std::lock_guard lock(state_->mu);
+  if (Status s = check_fault(SimOp::mem_info); s != Status::ok) return s;
+  std::size_t taken = state_->used[device] + state_->external[device];
+  if (free) *free = taken >= options_.capacity ? 0 : options_.capacity - taken;
+  if (total) *total = options_.capacity;
+  return Status::ok;
+}
+
+Status SimBackend::reserve(int device, std::size_t size, DevPtr* out) noexcept {
+  if (device < 0 || device >= options_.devices) return Status::invalid_device;
+  if (size == 0 || size % options_.granularity != 0 || out == nullptr) return Status::invalid_value;
+  std::lock_guard lock(state_->mu);
+  if (Status s = check_fault(SimOp::reserve); s != Status::ok) return s;
+  const std::size_t g = options_.granularity;
+  void* raw =
+      mmap(nullptr, size + g, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED) return Status::out_of_memory;
+  auto start = reinterpret_cast<DevPtr>(raw);
+  DevPtr base = align_up(start, g);
+  if (base > start) munmap(raw, base - start);
+  if (DevPtr end = base + size; end < start + size + g) {
+    munmap(reinterpret_cast<void*>(end), start + size + g - end);
+  }
+  state_->reservations.emplace(base, size);
+  *out = base;
+  return Status::ok;
+}
+
+Status SimBackend::unreserve(DevPtr ptr, std::size_t size) noexcept {
+  std::lock_guard lock(state_->mu);
+  if (Status s = check_fault(SimOp::unreserve); s != Status::ok) return s;
+  auto it = state_->reservations.find(ptr);
+  if (it == state_->reservations.end() || it->second != size) return Status::invalid_value;
+  if (state_->overlaps_mapping(ptr, size)) return Status::invalid_value;  // still mapped
+  munmap(reinterpret_cast<void*>(ptr), size);
+  state_->reservations.erase(it);
+  return Status::ok;
+}
+
+Status SimBackend::create(int device, std::size_t size, PhysHandle* out) noexcept {
+  if (device < 0 || device >= options_.devices) return Status::invalid_device;
+  if (size == 0 || size % options_.granularity != 0 || out == nullptr) return Status::invalid_value;
+  std::lock_guard lock(state_->mu);
+  if (Status s = check_fault(SimOp::create); s != Status::ok) return s;
+  std::size_t taken = state_->used[device] + state_->external[device];
+  if (taken > options_.capacity || size > options_.capacity - taken) return Status::out_of_memory;
+  int fd = memfd_create("gpustitch-sim", MFD_CLOEXEC);
+  if (fd < 0) return Status::out_of_memory;
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    close(fd);
+    return Status::out_of_memory;
+  }
+  PhysHandle id = state_->next_handle++;
+  state_->handles.emplace(id, State::HandleInfo{fd, size, device});
+  state_->used[device] += size;
+  *out = id;
+  return Status::ok;
+}
+
+Status SimBackend::release(PhysHandle handle) noexcept {
+  std::lock_guard lock(state_->mu);
+  if (Status s = check_fault(SimOp::release); s != Status::ok) return s;
+  auto it = state_->handles.find(handle);
+  if (it == state_->handles.end()) return Status::invalid_value;
+  // Like cuMemRelease: existing mappings keep the memory alive (the kernel does that for us).
+  close(it->second.fd);
+  state_->used[it->second.device] -= it->second.size;
+  state_->handles.erase(it);
+  return Status::ok;
+}
+
+Status SimBackend::map(DevPtr ptr, std::size_t size, PhysHandle handle,
+                       std::size_t offset) noexcept {
+  const std::size_t g = options_.granularity;
+  if (size == 0 || ptr % g != 0 || size % g != 0 || offset % g != 0) return Status::invalid_value;
+  std::lock_guard lock(state_->mu);
+  if (Status s = check_fault(SimOp::map); s != Status::ok) return s;
+  if (offset != 0 && !options_.map_offset) return Status::invalid_value;
+  auto h = state_->handles.find(handle);
+  if (h == state_->handles.end()) return Status::invalid_value;
+  if (offset > h->second.size || size > h->second.size - offset) return Status::invalid_value;
+  if (state_->reservation_of(ptr, size) == state_->reservations.end()) return Status::invalid_value;
+  if (state_->overlaps_mapping(ptr, size)) return Status::invalid_value;
+  void* p = mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE, MAP_SHARED | MAP_FIXED,
+                 h->second.fd, static_cast<off_t>(offset));
+  if (p == MAP_FAILED) return Status::out_of_memory;
+  state_->mappings.emplace(ptr, State::MappingInfo{size, false});
+  return Status::ok;
+}
+
+Status SimBackend::unmap(DevPtr ptr, std::size_t size) noexcept {
+  std::lock_guard lock(state_->mu);
+  if (Status s = check_fault(SimOp::unmap); s != Status::ok) return s;
+  auto it = state_->mappings.find(ptr);
+  if (it == state_->mappings.end() || it->second.size != size) return Status::invalid_value;
+  void* p = mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return Status::error;
+  state_->mappings.erase(it);
+  return Status::ok;
+}
+
+Status SimBackend::set_access(DevPtr ptr, std::size_t size, std::span<const int> devices) noexcept {
+  if (size == 0) return Status::invalid_value;
+  for (int d : devices) {
+    if (d < 0 || d >= options_.devices) return Status::invalid_device;
+  }
+  std::lock_guard lock(state_->mu);
+  if (Status s = check_fault(SimOp::set_access); s != Status::ok) return s;
+  // The whole range must be covered by mappings, as cuMemSetAccess requires.
+  DevPtr cur = ptr;
+  auto it = state_->mappings.upper_bound(ptr);
+  if (it != state_->mappings.begin()) --it;
+  std::vector<State::MappingInfo*> covered;
+  while (cur < ptr + size) {
+    if (it == state_->mappings.end() || it->first > cur || it->first + it->second.size <= cur) {
+      return Status::invalid_value;
+    }
+    covered.push_back(&it->second);
+    cur = it->first + it->second.size;
+    ++it;
+  }
+  if (mprotect(reinterpret_cast<void*>(ptr), size, PROT_READ | PROT_WRITE) != 0) {
+    return Status::error;
+  }
+  for (auto* m : covered) m->accessible = true;
+  return Status::ok;
+}
+
+Status SimBackend::synchronize(int device) noexcept {
+  if (device < 0 || device >= options_.devices) return Status::invalid_device;
+  std::unique_lock lock(state_->mu);
+  if (Status s = check_fault(SimOp::synchronize); s != Status::ok) return s;
+  state_->device_cv.wait(lock, [&] { return !state_->device_held; });
+  return Status::ok;
+}
+
+std::size_t SimBackend::used(int device) const noexcept {
+  std::lock_guard lock(state_->mu);
+  return device >= 0 && device < options_.devices ? state_->used[device] : 0;
+}
+std::size_t SimBackend::live_handles() const noexcept {
+  std::lock_guard lock(state_->mu);
+  return state_->handles.size();
+}
+std::size_t SimBackend::live_reservations() const noexcept {
+  std::lock_guard lock(state_->mu);
+  return state_->reservations.size();
+}
+std::size_t SimBackend::live_mappings() const noexcept {
+  std::lock_guard lock(state_->mu);
+  return state_->mappings.size();
+}
+
+}  // namespace gpustitch

@@ -1,0 +1,176 @@
+// Small-object pool. The design is described in small_pool.h.
+#include "small_pool.h"
+
+#include <algorithm>
+
+namespace gpustitch::detail {
+namespace {
+constexpr std::size_t kStreamCacheDepth = 256;  // per stream and class
+}
+
+SmallPool::SmallPool(std::size_t limit, std::size_t granularity) : limit_(limit) {
+  chunk_size_ = align_up(std::max<std::size_t>(2 * MiB, 2 * limit), granularity);
+  // 512, 1024, 1536, 2048, then p*5/4, p*3/2, p*7/4, 2p for each power of two p >= 2048.
+  std::vector<std::uint32_t> sizes = {512, 1024, 1536, 2048};
+  for (std::size_t p = 2048; sizes.back() < limit; p *= 2) {
+    for (std::size_t num : {5, 6, 7, 8}) sizes.push_back(static_cast<std::uint32_t>(p * num / 4));
+  }
+  while (sizes.size() > 1 && sizes[sizes.size() - 2] >= limit) sizes.pop_back();
+  for (auto s : sizes) classes_.push_back(SizeClass{s, {}, 0});
+}
+
+SmallPool::~SmallPool() {
+  for (auto& [base, c] : chunks_) delete c;
+}
+
+std::uint32_t SmallPool::class_index(std::size_t size) const {
+  // Few classes (about 40): a binary search is fast and obviously right.
+  auto it = std::lower_bound(classes_.begin(), classes_.end(), size,
+                             [](const SizeClass& c, std::size_t s) { return c.size < s; });
+  return static_cast<std::uint32_t>(it - classes_.begin());
+}
+
+std::size_t SmallPool::class_size(std::size_t size) const {
+  return classes_[class_index(std::max<std::size_t>(size, 1))].size;
+}
+
+void SmallPool::add_partial(Chunk* c) {
+  if (c->partial_index != SIZE_MAX) return;
+  auto& list = classes_[c->cls].partial;
+  c->partial_index = list.size();
+  list.push_back(c);
+}
+
+void SmallPool::remove_partial(Chunk* c) {
+  if (c->partial_index == SIZE_MAX) return;
+  auto& list = classes_[c->cls].partial;
+  Chunk* last = list.back();
+  list[c->partial_index] = last;
+  last->partial_index = c->partial_index;
+  list.pop_back();
+  c->partial_index = SIZE_MAX;
+}
+
+void SmallPool::take_slot(Chunk* c, std::uint32_t slot, std::size_t requested) {
+  if (c->live == 0 && c->pending == 0) --classes_[c->cls].empty;
+  ++c->gen[slot];
+  c->allocated[slot] = 1;
+  c->requested[slot] = static_cast<std::uint32_t>(requested);
+  ++c->live;
+  ++live_slots_;
+}
+
+SmallAlloc SmallPool::allocate(std::size_t size, Stream stream, ChunkSource& source) {
+  const std::uint32_t cls = class_index(std::max<std::size_t>(size, 1));
+  SizeClass& sc = classes_[cls];
+  // 1. A slot this stream freed itself: stream order makes reuse safe without a fence.
+  if (stream != kAnyStream) {
+    auto it = stream_caches_.find(stream);
+    if (it != stream_caches_.end() && cls < it->second.size()) {
+      auto& cache = it->second[cls];
+      while (!cache.empty()) {
+        SlotRef ref = cache.back();
+        cache.pop_back();
+        if (ref.chunk->gen[ref.slot] != ref.gen) continue;  // promoted or reused since
+        take_slot(ref.chunk, ref.slot, size);
+        --ref.chunk->pending;
+        return {ref.chunk->base + std::size_t{ref.slot} * ref.chunk->slot_size, ref.chunk, ref.slot,
+                false};
+      }
+    }
+  }
+  // 2. A fenced free slot.
+  bool from_new = false;
+  if (sc.partial.empty()) {
+    Block* block = source.take_chunk(chunk_size_);
+    if (block == nullptr) return {};
+    auto* c = new Chunk;
+    c->block = block;
+    c->base = block->ptr;
+    c->cls = cls;
+    c->slot_size = sc.size;
+    c->nslots = static_cast<std::uint32_t>(chunk_size_ / sc.size);
+    c->free_slots.resize(c->nslots);
+    for (std::uint32_t i = 0; i < c->nslots; ++i) c->free_slots[i] = c->nslots - 1 - i;
+    c->requested.assign(c->nslots, 0);
+    c->gen.assign(c->nslots, 0);
+    c->allocated.assign(c->nslots, 0);
+    chunks_.emplace(c->base, c);
+    ++sc.empty;
+    add_partial(c);
+    from_new = true;
+  }
+  Chunk* c = sc.partial.back();
+  std::uint32_t slot = c->free_slots.back();
+  c->free_slots.pop_back();
+  if (c->free_slots.empty()) remove_partial(c);
+  take_slot(c, slot, size);
+  return {c->base + std::size_t{slot} * c->slot_size, c, slot, from_new};
+}
+
+void SmallPool::free(Chunk* c, std::uint32_t slot, Stream stream, std::uint64_t epoch) {
+  ++c->gen[slot];
+  c->allocated[slot] = 0;
+  --c->live;
+  ++c->pending;
+  --live_slots_;
+  const std::uint32_t gen = c->gen[slot];
+  pending_.push_back({c, slot, gen, epoch});
+  if (stream != kAnyStream) {
+    auto& caches = stream_caches_[stream];
+    if (caches.size() < classes_.size()) caches.resize(classes_.size());
+    auto& cache = caches[c->cls];
+    if (cache.size() >= kStreamCacheDepth) cache.pop_front();  // still queued for the fence
+    cache.push_back({c, slot, gen, epoch});
+  }
+}
+
+void SmallPool::destroy_chunk(Chunk* c, ChunkSource& source) {
+  // Stale queue and cache entries may still name the chunk: drop them with it.
+  std::erase_if(pending_, [c](const SlotRef& r) { return r.chunk == c; });
+  for (auto& [stream, caches] : stream_caches_) {
+    for (auto& cache : caches) std::erase_if(cache, [c](const SlotRef& r) { return r.chunk == c; });
+  }
+  remove_partial(c);
+  --classes_[c->cls].empty;
+  chunks_.erase(c->base);
+  source.return_chunk(c->block);
+  delete c;
+}
+
+void SmallPool::promote(std::uint64_t epoch, ChunkSource& source) {
+  while (!pending_.empty() && pending_.front().epoch <= epoch) {
+    SlotRef ref = pending_.front();
+    pending_.pop_front();
+    Chunk* c = ref.chunk;
+    if (c->gen[ref.slot] != ref.gen) continue;  // reused by its stream meanwhile
+    ++c->gen[ref.slot];
+    --c->pending;
+    c->free_slots.push_back(ref.slot);
+    add_partial(c);
+    if (c->live == 0 && c->pending == 0) {
+      SizeClass& sc = classes_[c->cls];
+      ++sc.empty;
+      if (sc.empty > 1) destroy_chunk(c, source);  // keep one spare chunk per class
+    }
+  }
+}
+
+std::size_t SmallPool::release_empty(ChunkSource& source) {
+  std::vector<Chunk*> empty;
+  for (auto& [base, c] : chunks_) {
+    if (c->live == 0 && c->pending == 0) empty.push_back(c);
+  }
+  for (Chunk* c : empty) destroy_chunk(c, source);
+  return empty.size();
+}
+
+Chunk* SmallPool::chunk_of(DevPtr ptr) const {
+  auto it = chunks_.upper_bound(ptr);
+  if (it == chunks_.begin()) return nullptr;
+  --it;
+  Chunk* c = it->second;
+  return ptr < c->base + chunk_size_ ? c : nullptr;
+}
+
+}  // namespace gpustitch::detail

@@ -1,0 +1,68 @@
+#include <gtest/gtest.h>
+
+#include "gpustitch/config.h"
+
+using namespace gpustitch;
+
+TEST(Config, ParsesEveryDocumentedKind) {
+  auto r = parse_config(
+      "max_split_size_mb:512, release_threshold_mb:4096,small_limit_kb:512,cap_mb:1024,"
+      "stitching:off,backend:sim,sim_capacity_mb:81920,trace:/tmp/t.csv,log_level:info");
+  EXPECT_TRUE(r.errors.empty());
+  EXPECT_EQ(r.config.max_split_size, 512 * MiB);
+  EXPECT_EQ(r.config.release_threshold, 4096 * MiB);
+  EXPECT_EQ(r.config.small_limit, 512 * KiB);
+  EXPECT_EQ(r.config.cap, 1024 * MiB);
+  EXPECT_FALSE(r.config.stitching);
+  EXPECT_EQ(r.config.backend, BackendKind::sim);
+  EXPECT_EQ(r.config.sim_capacity, 80 * GiB);
+  EXPECT_EQ(r.config.trace_path, "/tmp/t.csv");
+  EXPECT_EQ(r.config.log_level, "info");
+}
+
+TEST(Config, EmptyGivesDefaults) {
+  auto r = parse_config("");
+  EXPECT_TRUE(r.errors.empty());
+  EXPECT_EQ(r.config.max_split_size, SIZE_MAX);
+  EXPECT_TRUE(r.config.stitching);
+  EXPECT_EQ(r.config.small_limit, 1 * MiB);
+}
+
+TEST(Config, UnknownKeyIsNamedAndTheRestStillApplies) {
+  auto r = parse_config("max_split_size_mb:64,bogus_key:1,cap_fraction:0.5");
+  ASSERT_EQ(r.errors.size(), 1u);
+  EXPECT_NE(r.errors[0].find("bogus_key"), std::string::npos);
+  EXPECT_EQ(r.config.max_split_size, 64 * MiB);
+  EXPECT_DOUBLE_EQ(r.config.cap_fraction, 0.5);
+}
+
+TEST(Config, MalformedValuesAreRejectedOneMessageEach) {
+  auto r = parse_config(
+      "max_split_size_mb:abc,cap_fraction:2,stitching:maybe,noval,"
+      "release_threshold_mb:99999999999999999999999,small_limit_kb:-4");
+  EXPECT_EQ(r.errors.size(), 6u);
+  for (const char* key : {"max_split_size_mb", "cap_fraction", "stitching", "noval",
+                          "release_threshold_mb", "small_limit_kb"}) {
+    bool named = false;
+    for (auto& e : r.errors) named |= e.find(key) != std::string::npos;
+    EXPECT_TRUE(named) << key;
+  }
+  Config defaults;
+  EXPECT_EQ(r.config.max_split_size, defaults.max_split_size);
+  EXPECT_EQ(r.config.cap_fraction, defaults.cap_fraction);
+  EXPECT_TRUE(r.config.stitching);
+}
+
+TEST(Config, OverflowingSizesAreRejected) {
+  auto r = parse_config("cap_mb:18446744073709551615");
+  EXPECT_EQ(r.errors.size(), 1u);
+  EXPECT_EQ(r.config.cap, 0u);
+}
+
+TEST(Config, KeysListIncludesCoreKeys) {
+  auto keys = config_keys();
+  for (const char* k : {"max_split_size_mb", "release_threshold_mb", "small_limit_kb", "cap_mb",
+                        "cap_fraction", "stitching", "backend"}) {
+    EXPECT_NE(std::find(keys.begin(), keys.end(), k), keys.end()) << k;
+  }
+}

@@ -1,0 +1,497 @@
+// Pool behaviour through its public API, on the test device (simulated unless
+// GPUSTITCH_TEST_BACKEND=cuda). Tests that need fault injection or capacity control skip on CUDA.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "gpustitch/pool.h"
+#include "test_device.h"
+
+using namespace gpustitch;
+
+namespace {
+
+Config inline_config() {
+  Config c;
+  c.background_reclaim = false;  // deterministic fencing
+  return c;
+}
+
+// Writes an 8-byte tag at the start, the middle and the end of [p, p+size).
+void stamp(TestDevice& d, DevPtr p, std::size_t size, std::uint64_t tag) {
+  for (std::size_t off : {std::size_t{0}, size / 2 / 8 * 8, size - 8}) d.write(p + off, &tag, 8);
+}
+bool check(TestDevice& d, DevPtr p, std::size_t size, std::uint64_t tag) {
+  for (std::size_t off : {std::size_t{0}, size / 2 / 8 * 8, size - 8}) {
+    std::uint64_t got = 0;
+    d.read(p + off, &got, 8);
+    if (got != tag) return false;
+  }
+  return true;
+}
+
+struct RecordingObserver : PoolObserver {
+  std::vector<PoolEvent> events;
+  int allocs = 0, frees = 0;
+  std::vector<ServedBy> how;
+  void on_allocate(int, DevPtr, std::size_t, Stream, ServedBy h) noexcept override {
+    ++allocs;
+    how.push_back(h);
+  }
+  void on_free(int, DevPtr, std::size_t, Stream) noexcept override { ++frees; }
+  void on_event(const PoolEvent& e) noexcept override { events.push_back(e); }
+};
+
+}  // namespace
+
+TEST(Pool, SmallAllocationsHoldTheirBytesAndDoNotOverlap) {
+  TestDevice dev = make_test_device();
+  Pool pool(*dev.backend, inline_config());
+  std::map<DevPtr, std::size_t> live;
+  std::mt19937_64 rng(1);
+  for (int i = 0; i < 2000; ++i) {
+    std::size_t size = 8 + rng() % (900 * KiB);
+    DevPtr p = 0;
+    ASSERT_EQ(pool.allocate(0, size, kAnyStream, &p), Status::ok);
+    ASSERT_NE(p, 0u);
+    auto next = live.lower_bound(p);
+    if (next != live.end()) {
+      ASSERT_LE(p + size, next->first);
+    }
+    if (next != live.begin()) {
+      auto prev = std::prev(next);
+      ASSERT_LE(prev->first + prev->second, p);
+    }
+    live[p] = size;
+    std::uint64_t tag = p ^ 0x5eed;
+    if (size >= 8) stamp(dev, p, size, tag);
+  }
+  for (auto& [p, size] : live) ASSERT_TRUE(check(dev, p, size, p ^ 0x5eed));
+  DeviceStats s = pool.stats(0);
+  EXPECT_EQ(s.live_blocks, live.size());
+  EXPECT_EQ(s.allocs, live.size());
+  for (auto& [p, size] : live) ASSERT_EQ(pool.deallocate(p), Status::ok);
+  EXPECT_EQ(pool.stats(0).live_blocks, 0u);
+}
+
+TEST(Pool, FreshLargeAllocationIsOneHandle) {
+  TestDevice dev = make_test_device();
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend's call counters";
+  Pool pool(*dev.backend, inline_config());
+  DevPtr p = 0;
+  ASSERT_EQ(pool.allocate(0, 1 * GiB + 5, kAnyStream, &p), Status::ok);
+  EXPECT_EQ(dev.sim->calls(SimOp::create), 1u);
+  EXPECT_EQ(dev.sim->calls(SimOp::map), 1u);
+  EXPECT_EQ(dev.sim->calls(SimOp::set_access), 1u);
+  DeviceStats s = pool.stats(0);
+  EXPECT_EQ(s.bytes_reserved, 1 * GiB + 2 * MiB);
+  EXPECT_EQ(s.fresh, 1u);
+  stamp(dev, p, 1 * GiB, 42);
+  EXPECT_TRUE(check(dev, p, 1 * GiB, 42));
+  ASSERT_EQ(pool.deallocate(p), Status::ok);
+}
+
+TEST(Pool, FreedBlockIsReusedFromCacheAfterFence) {
+  TestDevice dev = make_test_device();
+  Pool pool(*dev.backend, inline_config());
+  DevPtr a = 0, b = 0;
+  ASSERT_EQ(pool.allocate(0, 64 * MiB, kAnyStream, &a), Status::ok);
+  ASSERT_EQ(pool.deallocate(a), Status::ok);
+  pool.drain_pending(0);
+  ASSERT_EQ(pool.allocate(0, 64 * MiB, kAnyStream, &b), Status::ok);
+  EXPECT_EQ(a, b);
+  DeviceStats s = pool.stats(0);
+  EXPECT_EQ(s.cache_hits, 1u);
+  EXPECT_EQ(s.fresh, 1u);
+}
+
+TEST(Pool, UnfencedFreeIsNotReusedWhileTheDeviceIsBusy) {
+  TestDevice dev = make_test_device();
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
+  Config c;  // background reclaimer on
+  Pool pool(*dev.backend, c);
+  DevPtr a = 0, b = 0, s1 = 0, s2 = 0;
+  dev.sim->hold_device(true);  // kernels still running: fences cannot complete
+  ASSERT_EQ(pool.allocate(0, 32 * MiB, kAnyStream, &a), Status::ok);
+  ASSERT_EQ(pool.deallocate(a), Status::ok);
+  ASSERT_EQ(pool.allocate(0, 32 * MiB, kAnyStream, &b), Status::ok);
+  EXPECT_NE(a, b) << "memory freed with cudaFree semantics was reused before the device finished";
+  ASSERT_EQ(pool.allocate(0, 4 * KiB, kAnyStream, &s1), Status::ok);
+  ASSERT_EQ(pool.deallocate(s1), Status::ok);
+  ASSERT_EQ(pool.allocate(0, 4 * KiB, kAnyStream, &s2), Status::ok);
+  EXPECT_NE(s1, s2);
+  dev.sim->hold_device(false);
+  pool.drain_pending(0);
+  DevPtr c2 = 0;
+  ASSERT_EQ(pool.allocate(0, 32 * MiB, kAnyStream, &c2), Status::ok);
+  EXPECT_EQ(c2, a);
+}
+
+TEST(Pool, StreamOrderedFreeIsReusedBySameStreamOnly) {
+  TestDevice dev = make_test_device();
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
+  Pool pool(*dev.backend, Config{});
+  dev.sim->hold_device(true);
+  const Stream s1 = 0x1000, s2 = 0x2000;
+  for (std::size_t size : {std::size_t{4 * KiB}, std::size_t{48 * MiB}}) {
+    DevPtr a = 0, b = 0, c = 0;
+    ASSERT_EQ(pool.allocate(0, size, s1, &a), Status::ok);
+    ASSERT_EQ(pool.deallocate(a, s1), Status::ok);
+    ASSERT_EQ(pool.allocate(0, size, s2, &b), Status::ok);
+    EXPECT_NE(a, b) << "another stream got memory its owner's stream may still use";
+    ASSERT_EQ(pool.allocate(0, size, s1, &c), Status::ok);
+    EXPECT_EQ(a, c) << "the same stream should reuse its own free at once";
+  }
+  dev.sim->hold_device(false);
+}
+
+TEST(Pool, FreeOfUnknownPointerIsInvalidAndChangesNothing) {
+  TestDevice dev = make_test_device();
+  Pool pool(*dev.backend, inline_config());
+  DevPtr p = 0;
+  ASSERT_EQ(pool.allocate(0, 3 * MiB, kAnyStream, &p), Status::ok);
+  EXPECT_EQ(pool.deallocate(p + 4096), Status::invalid_value);
+  EXPECT_EQ(pool.deallocate(0xdead0000), Status::invalid_value);
+  ASSERT_EQ(pool.deallocate(p), Status::ok);
+  EXPECT_EQ(pool.deallocate(p), Status::invalid_value) << "double free must be refused";
+  EXPECT_EQ(pool.stats(0).frees, 1u);
+}
+
+TEST(Pool, FindAnswersForInteriorPointers) {
+  TestDevice dev = make_test_device();
+  Pool pool(*dev.backend, inline_config());
+  DevPtr big = 0, small = 0;
+  ASSERT_EQ(pool.allocate(0, 10 * MiB + 3, kAnyStream, &big), Status::ok);
+  ASSERT_EQ(pool.allocate(0, 1000, kAnyStream, &small), Status::ok);
+  BlockInfo info;
+  ASSERT_TRUE(pool.find(big + 5 * MiB, &info));
+  EXPECT_EQ(info.base, big);
+  EXPECT_EQ(info.size, 10 * MiB + 3);
+  EXPECT_EQ(info.device, 0);
+  ASSERT_TRUE(pool.find(small + 999, &info));
+  EXPECT_EQ(info.base, small);
+  EXPECT_EQ(info.size, 1000u);
+  EXPECT_FALSE(pool.find(0x10));
+  ASSERT_EQ(pool.deallocate(big), Status::ok);
+  EXPECT_FALSE(pool.find(big));
+}
+
+TEST(Pool, InvalidDeviceAndNullOutput) {
+  TestDevice dev = make_test_device();
+  Pool pool(*dev.backend, inline_config());
+  DevPtr p = 0;
+  EXPECT_EQ(pool.allocate(-1, 16, kAnyStream, &p), Status::invalid_device);
+  EXPECT_EQ(pool.allocate(99, 16, kAnyStream, &p), Status::invalid_device);
+  EXPECT_EQ(pool.allocate(0, 16, kAnyStream, nullptr), Status::invalid_value);
+}
+
+TEST(Pool, RequestBeyondCapacityIsOutOfMemoryWithOneEvent) {
+  TestDevice dev = make_test_device({.capacity = 8 * GiB});
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs a small simulated device";
+  RecordingObserver obs;
+  Pool pool(*dev.backend, inline_config(), &obs);
+  DevPtr p = 0;
+  EXPECT_EQ(pool.allocate(0, 9 * GiB, kAnyStream, &p), Status::out_of_memory);
+  EXPECT_EQ(pool.allocate(0, SIZE_MAX - 5, kAnyStream, &p), Status::out_of_memory);
+  DeviceStats s = pool.stats(0);
+  EXPECT_EQ(s.ooms, 2u);
+  ASSERT_EQ(obs.events.size(), 2u);
+  EXPECT_EQ(obs.events[0].kind, EventKind::oom);
+  EXPECT_EQ(obs.events[0].size, 9 * GiB);
+  EXPECT_EQ(obs.events[0].largest_possible, 8 * GiB);
+  ASSERT_EQ(pool.allocate(0, 8 * GiB, kAnyStream, &p), Status::ok) << "the whole device fits";
+}
+
+// The seeds' failure: 18.5 GiB free in 2 MiB holes of partly used handles, nothing contiguous of
+// 2 GiB. With stitching a 2 GiB allocation succeeds; without, it fails.
+class SeedsScenario : public ::testing::TestWithParam<bool> {};
+
+TEST_P(SeedsScenario, TwoGiBFitsInScatteredHolesOnlyWithStitching) {
+  const bool stitching = GetParam();
+  TestDevice dev = make_test_device({.capacity = 40 * GiB});
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs a 40 GiB simulated device";
+  Config c = inline_config();
+  c.stitching = stitching;
+  Pool pool(*dev.backend, c);
+  // 20 segments of 2 GiB, freed to the cache, then cut into 2 MiB tensors (like a caching
+  // allocator's segments being split).
+  std::vector<DevPtr> segs(20);
+  for (auto& s : segs) ASSERT_EQ(pool.allocate(0, 2 * GiB, kAnyStream, &s), Status::ok);
+  for (auto s : segs) ASSERT_EQ(pool.deallocate(s), Status::ok);
+  pool.drain_pending(0);
+  std::vector<DevPtr> tensors(20 * 1024);
+  for (auto& t : tensors) ASSERT_EQ(pool.allocate(0, 2 * MiB, kAnyStream, &t), Status::ok);
+  // Free 9472 scattered tensors (18.5 GiB): every other one, and a few more, never two adjacent.
+  std::vector<DevPtr> kept;
+  std::size_t freed = 0;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (i % 2 == 1 && freed < 9472) {
+      ASSERT_EQ(pool.deallocate(tensors[i]), Status::ok);
+      ++freed;
+    } else {
+      kept.push_back(tensors[i]);
+      stamp(dev, tensors[i], 2 * MiB, tensors[i]);
+    }
+  }
+  pool.drain_pending(0);
+  DeviceStats before = pool.stats(0);
+  EXPECT_EQ(before.bytes_cached, 18 * GiB + 512 * MiB);
+  EXPECT_EQ(before.largest_free_block, 2 * MiB);
+  DevPtr big = 0;
+  Status s = pool.allocate(0, 2 * GiB, kAnyStream, &big);
+  if (!stitching) {
+    EXPECT_EQ(s, Status::out_of_memory);
+    return;
+  }
+  ASSERT_EQ(s, Status::ok);
+  DeviceStats after = pool.stats(0);
+  EXPECT_EQ(after.stitches, 1u);
+  EXPECT_EQ(after.bytes_reserved, before.bytes_reserved) << "stitching must not need new memory";
+  // The stitched range is one contiguous, writable range; neighbours keep their bytes.
+  std::vector<std::uint8_t> pattern(2 * GiB / 1024);
+  for (std::size_t off = 0; off < 2 * GiB; off += 64 * MiB) {
+    std::uint64_t tag = 0xabc000 + off;
+    dev.write(big + off, &tag, 8);
+  }
+  for (std::size_t off = 0; off < 2 * GiB; off += 64 * MiB) {
+    std::uint64_t got = 0;
+    dev.read(big + off, &got, 8);
+    ASSERT_EQ(got, 0xabc000 + off);
+  }
+  for (DevPtr t : kept) ASSERT_TRUE(check(dev, t, 2 * MiB, t));
+  ASSERT_EQ(pool.deallocate(big), Status::ok);
+  // A second allocation of the same size reuses the cached stitched range.
+  pool.drain_pending(0);
+  DevPtr again = 0;
+  ASSERT_EQ(pool.allocate(0, 2 * GiB, kAnyStream, &again), Status::ok);
+  EXPECT_EQ(again, big);
+  EXPECT_EQ(pool.stats(0).stitches, 1u);
+}
+
+INSTANTIATE_TEST_SUITE_P(StitchingOnOff, SeedsScenario, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "on" : "off"; });
+
+TEST(Pool, StitchingWithoutOffsetMappingLendsWholeHandles) {
+  TestDevice dev = make_test_device({.capacity = 4 * GiB, .map_offset = false});
+  if (dev.sim == nullptr) GTEST_SKIP();
+  Pool pool(*dev.backend, inline_config());
+  // 64 blocks of 64 MiB fill the device; free every other one: 2 GiB free as whole handles.
+  std::vector<DevPtr> blocks(64);
+  for (auto& b : blocks) ASSERT_EQ(pool.allocate(0, 64 * MiB, kAnyStream, &b), Status::ok);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    if (i % 2) {
+      ASSERT_EQ(pool.deallocate(blocks[i]), Status::ok);
+    } else {
+      stamp(dev, blocks[i], 64 * MiB, i + 1);
+    }
+  }
+  pool.drain_pending(0);
+  DevPtr big = 0;
+  ASSERT_EQ(pool.allocate(0, 1 * GiB, kAnyStream, &big), Status::ok);
+  stamp(dev, big, 1 * GiB, 77);
+  EXPECT_TRUE(check(dev, big, 1 * GiB, 77));
+  for (std::size_t i = 0; i < blocks.size(); i += 2)
+    ASSERT_TRUE(check(dev, blocks[i], 64 * MiB, i + 1));
+}
+
+TEST(Pool, StitchTopsUpWithFreshMemory) {
+  TestDevice dev = make_test_device({.capacity = 1 * GiB});
+  if (dev.sim == nullptr) GTEST_SKIP();
+  Pool pool(*dev.backend, inline_config());
+  std::vector<DevPtr> blocks(8);
+  for (auto& b : blocks) ASSERT_EQ(pool.allocate(0, 64 * MiB, kAnyStream, &b), Status::ok);
+  // 512 MiB used; free two non-adjacent blocks: 128 MiB cached, 512 MiB still on the device.
+  ASSERT_EQ(pool.deallocate(blocks[1]), Status::ok);
+  ASSERT_EQ(pool.deallocate(blocks[5]), Status::ok);
+  pool.drain_pending(0);
+  DevPtr big = 0;
+  ASSERT_EQ(pool.allocate(0, 640 * MiB, kAnyStream, &big), Status::ok);
+  DeviceStats s = pool.stats(0);
+  EXPECT_EQ(s.bytes_reserved, 1 * GiB);
+  EXPECT_EQ(s.stitches, 1u);
+  stamp(dev, big, 640 * MiB, 5);
+  EXPECT_TRUE(check(dev, big, 640 * MiB, 5));
+}
+
+TEST(Pool, TrimReturnsEverythingIdleAndLeaksNothing) {
+  TestDevice dev = make_test_device({.capacity = 8 * GiB});
+  if (dev.sim == nullptr) GTEST_SKIP();
+  {
+    Pool pool(*dev.backend, inline_config());
+    std::vector<DevPtr> ptrs;
+    std::mt19937_64 rng(7);
+    for (int i = 0; i < 300; ++i) {
+      DevPtr p = 0;
+      std::size_t size = (rng() % 2) ? 1 + rng() % (512 * KiB) : 1 * MiB + rng() % (64 * MiB);
+      ASSERT_EQ(pool.allocate(0, size, kAnyStream, &p), Status::ok);
+      ptrs.push_back(p);
+    }
+    // Force stitched views to exist too.
+    for (std::size_t i = 0; i < ptrs.size(); i += 2)
+      ASSERT_EQ(pool.deallocate(ptrs[i]), Status::ok);
+    pool.drain_pending(0);
+    dev.sim->set_external_usage(0, 8 * GiB - dev.sim->used(0));  // the device is now full
+    DevPtr big = 0;
+    Status s = pool.allocate(0, 256 * MiB, kAnyStream, &big);
+    if (s == Status::ok) {
+      ASSERT_EQ(pool.deallocate(big), Status::ok);
+    }
+    for (std::size_t i = 1; i < ptrs.size(); i += 2)
+      ASSERT_EQ(pool.deallocate(ptrs[i]), Status::ok);
+    dev.sim->set_external_usage(0, 0);
+    std::size_t released = pool.trim(0);
+    DeviceStats st = pool.stats(0);
+    EXPECT_GT(released, 0u);
+    EXPECT_EQ(st.bytes_reserved, 0u);
+    EXPECT_EQ(dev.sim->used(0), 0u);
+    EXPECT_EQ(dev.sim->live_handles(), 0u);
+    EXPECT_EQ(dev.sim->live_mappings(), 0u);
+    EXPECT_EQ(dev.sim->live_reservations(), 0u);
+  }
+}
+
+TEST(Pool, ReleaseThresholdGivesIdleMemoryBack) {
+  TestDevice dev = make_test_device();
+  if (dev.sim == nullptr) GTEST_SKIP();
+  Config c;
+  c.release_threshold = 64 * MiB;
+  Pool pool(*dev.backend, c);
+  std::vector<DevPtr> ptrs(8);
+  for (auto& p : ptrs) ASSERT_EQ(pool.allocate(0, 32 * MiB, kAnyStream, &p), Status::ok);
+  for (auto p : ptrs) ASSERT_EQ(pool.deallocate(p), Status::ok);
+  // The reclaimer fences the frees, then releases down to the threshold.
+  for (int i = 0; i < 500 && pool.stats(0).bytes_reserved > 64 * MiB; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_LE(pool.stats(0).bytes_reserved, 64 * MiB);
+  EXPECT_GE(pool.stats(0).trims, 1u);
+}
+
+TEST(Pool, MaxSplitSizeKeepsOversizeBlocksWhole) {
+  TestDevice dev = make_test_device();
+  Config c = inline_config();
+  c.max_split_size = 128 * MiB;
+  Pool pool(*dev.backend, c);
+  DevPtr big = 0, small = 0;
+  ASSERT_EQ(pool.allocate(0, 512 * MiB, kAnyStream, &big), Status::ok);
+  ASSERT_EQ(pool.deallocate(big), Status::ok);
+  pool.drain_pending(0);
+  ASSERT_EQ(pool.allocate(0, 16 * MiB, kAnyStream, &small), Status::ok);
+  EXPECT_FALSE(small >= big && small < big + 512 * MiB) << "an oversize block was split";
+  DevPtr again = 0;
+  ASSERT_EQ(pool.allocate(0, 500 * MiB, kAnyStream, &again), Status::ok);
+  EXPECT_EQ(again, big) << "an oversize block serves a large request that nearly fills it";
+}
+
+TEST(Pool, StatisticsTrackFragmentationAndHistogram) {
+  TestDevice dev = make_test_device();
+  Pool pool(*dev.backend, inline_config());
+  DevPtr a = 0, b = 0;
+  ASSERT_EQ(pool.allocate(0, 100 * MiB, kAnyStream, &a), Status::ok);
+  ASSERT_EQ(pool.allocate(0, 100 * MiB, kAnyStream, &b), Status::ok);
+  ASSERT_EQ(pool.deallocate(a), Status::ok);
+  pool.drain_pending(0);
+  DeviceStats s = pool.stats(0);
+  EXPECT_EQ(s.bytes_allocated, 100 * MiB);
+  EXPECT_EQ(s.bytes_reserved, 200 * MiB);
+  EXPECT_DOUBLE_EQ(s.fragmentation(), 0.5);
+  EXPECT_EQ(s.hist_allocs[histogram_bucket(100 * MiB)], 2u);
+  EXPECT_EQ(s.hist_live[histogram_bucket(100 * MiB)], 1u);
+  EXPECT_EQ(s.largest_free_block, 100 * MiB);
+  std::size_t free = 0, total = 0;
+  ASSERT_EQ(pool.mem_info(0, &free, &total), Status::ok);
+  EXPECT_EQ(free, s.device_free + 100 * MiB);
+}
+
+TEST(Pool, CapLimitsPhysicalMemoryAndStitchingStillServes) {
+  TestDevice dev = make_test_device();
+  Config c = inline_config();
+  c.cap = 256 * MiB;
+  Pool pool(*dev.backend, c);
+  std::vector<DevPtr> ptrs(4);
+  for (auto& p : ptrs) ASSERT_EQ(pool.allocate(0, 64 * MiB, kAnyStream, &p), Status::ok);
+  DevPtr more = 0;
+  EXPECT_EQ(pool.allocate(0, 64 * MiB, kAnyStream, &more), Status::out_of_memory);
+  ASSERT_EQ(pool.deallocate(ptrs[0]), Status::ok);
+  ASSERT_EQ(pool.deallocate(ptrs[2]), Status::ok);
+  ASSERT_EQ(pool.allocate(0, 128 * MiB, kAnyStream, &more), Status::ok);
+  EXPECT_LE(pool.stats(0).bytes_reserved, 256 * MiB);
+}
+
+TEST(Pool, PeerAccessCoversExistingAndNewMappings) {
+  TestDevice dev = make_test_device({.devices = 2});
+  if (dev.sim == nullptr) GTEST_SKIP();
+  Pool pool(*dev.backend, inline_config());
+  DevPtr a = 0, b = 0;
+  ASSERT_EQ(pool.allocate(0, 8 * MiB, kAnyStream, &a), Status::ok);
+  const auto before = dev.sim->calls(SimOp::set_access);
+  ASSERT_EQ(pool.grant_peer_access(0, 1), Status::ok);
+  EXPECT_EQ(dev.sim->calls(SimOp::set_access), before + 1);
+  ASSERT_EQ(pool.allocate(1, 8 * MiB, kAnyStream, &b), Status::ok);
+  EXPECT_EQ(pool.grant_peer_access(0, 7), Status::invalid_device);
+  BlockInfo info;
+  ASSERT_TRUE(pool.find(b, &info));
+  EXPECT_EQ(info.device, 1);
+}
+
+TEST(Pool, ObserverSeesAllocationsFreesAndStitches) {
+  TestDevice dev = make_test_device({.capacity = 512 * MiB});
+  if (dev.sim == nullptr) GTEST_SKIP();
+  RecordingObserver obs;
+  Pool pool(*dev.backend, inline_config(), &obs);
+  std::vector<DevPtr> p(8);
+  for (auto& x : p) ASSERT_EQ(pool.allocate(0, 64 * MiB, kAnyStream, &x), Status::ok);
+  for (int i = 0; i < 8; i += 2) ASSERT_EQ(pool.deallocate(p[i]), Status::ok);
+  DevPtr big = 0;
+  ASSERT_EQ(pool.allocate(0, 256 * MiB, kAnyStream, &big), Status::ok);
+  EXPECT_EQ(obs.allocs, 9);
+  EXPECT_EQ(obs.frees, 4);
+  EXPECT_EQ(obs.how.back(), ServedBy::stitched);
+  ASSERT_FALSE(obs.events.empty());
+  EXPECT_EQ(obs.events.back().kind, EventKind::stitch);
+  EXPECT_EQ(obs.events.back().pieces, 4u);
+}
+
+TEST(Pool, ConcurrentThreadsNeverShareMemory) {
+  TestDevice dev = make_test_device({.capacity = 16 * GiB});
+  Pool pool(*dev.backend, Config{});
+  std::atomic<int> failures{0};
+  auto worker = [&](int id) {
+    std::mt19937_64 rng(id);
+    std::vector<std::pair<DevPtr, std::size_t>> mine;
+    for (int i = 0; i < 3000; ++i) {
+      if (mine.size() < 32 && rng() % 3 != 0) {
+        std::size_t size = rng() % 4 ? 8 + rng() % (256 * KiB) : 1 * MiB + rng() % (32 * MiB);
+        DevPtr p = 0;
+        Stream s = rng() % 2 ? kAnyStream : Stream(0x100 + id);
+        if (pool.allocate(0, size, s, &p) != Status::ok) {
+          ++failures;
+          continue;
+        }
+        stamp(dev, p, size, p + id);
+        mine.emplace_back(p, size);
+      } else if (!mine.empty()) {
+        std::size_t k = rng() % mine.size();
+        auto [p, size] = mine[k];
+        if (!check(dev, p, size, p + id)) ++failures;
+        if (pool.deallocate(p, rng() % 2 ? kAnyStream : Stream(0x100 + id)) != Status::ok)
+          ++failures;
+        mine[k] = mine.back();
+        mine.pop_back();
+      }
+    }
+    for (auto [p, size] : mine) {
+      if (!check(dev, p, size, p + id)) ++failures;
+      pool.deallocate(p);
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) threads.emplace_back(worker, t);
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(pool.stats(0).live_blocks, 0u);
+}

@@ -1,0 +1,20 @@
+// The device a core test runs on: the simulated backend by default, the CUDA backend when
+// GPUSTITCH_TEST_BACKEND=cuda (GPU runs, ctest label "gpu").
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "gpustitch/backend.h"
+#include "gpustitch/sim_backend.h"
+
+struct TestDevice {
+  std::unique_ptr<gpustitch::Backend> backend;
+  gpustitch::SimBackend* sim =
+      nullptr;  // null when the backend is CUDA (fault injection etc. unavailable)
+  // Copy bytes to/from device memory at ptr (host memcpy on sim, cuMemcpyHtoD/DtoH on CUDA).
+  std::function<void(gpustitch::DevPtr, const void*, std::size_t)> write;
+  std::function<void(gpustitch::DevPtr, void*, std::size_t)> read;
+};
+// GPUSTITCH_TEST_BACKEND=cuda selects the CUDA backend; otherwise sim with these options.
+TestDevice make_test_device(const gpustitch::SimOptions& sim_options = {});

@@ -1,0 +1,21 @@
+# The demo's story must hold: on a simulated 80 GiB device the workload hits out-of-memory with
+# stitching off and none with stitching on, and --json gives numbers as numbers.
+execute_process(COMMAND ${GPUSTITCH} demo --backend sim --json
+                OUTPUT_VARIABLE out RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "gpustitch demo exited with ${rc}")
+endif()
+string(JSON off_ooms GET "${out}" stitching_off ooms)
+string(JSON on_ooms GET "${out}" stitching_on ooms)
+string(JSON on_steps GET "${out}" stitching_on steps_completed)
+string(JSON steps GET "${out}" steps)
+string(JSON type TYPE "${out}" stitching_on peak_reserved_bytes)
+if(off_ooms EQUAL 0)
+  message(FATAL_ERROR "expected out-of-memory errors with stitching off, got none:\n${out}")
+endif()
+if(NOT on_ooms EQUAL 0 OR NOT on_steps EQUAL steps)
+  message(FATAL_ERROR "stitching on must complete every step without OOM:\n${out}")
+endif()
+if(NOT type STREQUAL "NUMBER")
+  message(FATAL_ERROR "peak_reserved_bytes must be a JSON number, is ${type}")
+endif()
