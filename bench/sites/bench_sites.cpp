@@ -32,10 +32,18 @@ void run(benchmark::State& state, SiteSamplerOptions o, std::size_t size) {
   state.SetLabel(SiteSampler::unwinder());
 }
 
-void Unsampled(benchmark::State& state) { run(state, {.min_size = 64 * MiB}, 4096); }
-void EveryAllocation(benchmark::State& state) { run(state, {.min_size = 1}, 4096); }
-void OneIn100(benchmark::State& state) { run(state, {.sample_every = 100}, 4096); }
-void OneIn1000(benchmark::State& state) { run(state, {.sample_every = 1000}, 4096); }
+void Unsampled(benchmark::State& state) {
+  run(state, {.min_size = 64 * MiB}, 4096);
+}
+void EveryAllocation(benchmark::State& state) {
+  run(state, {.min_size = 1}, 4096);
+}
+void OneIn100(benchmark::State& state) {
+  run(state, {.sample_every = 100}, 4096);
+}
+void OneIn1000(benchmark::State& state) {
+  run(state, {.sample_every = 1000}, 4096);
+}
 
 }  // namespace
 

@@ -3,6 +3,7 @@
 // peak reserved/allocated, fragmentation (1 - allocated/reserved) at peak and on average, the
 // out-of-memory count and the time per operation. --plot writes allocated vs reserved over time.
 // --generate FILE writes the synthetic transformer trace (tools/replay/generator.h) first.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -28,6 +29,7 @@ struct ReplayArgs {
   std::string generate;
   int steps = 120;
   bool list = false;
+  bool min_capacity = false;
 };
 
 std::vector<std::string> split_names(const std::vector<std::string>& in) {
@@ -91,7 +93,8 @@ int run_replay(const ReplayArgs& a, const GlobalOptions& g) {
   PolicyEnv env;
   env.devices = tr.device_count();
   env.capacity = static_cast<std::size_t>(a.capacity_gb * 1024.0 * 1024.0 * 1024.0);
-  if (a.max_split_mb > 0) env.max_split_size = static_cast<std::size_t>(a.max_split_mb * 1024 * 1024);
+  if (a.max_split_mb > 0)
+    env.max_split_size = static_cast<std::size_t>(a.max_split_mb * 1024 * 1024);
   std::vector<std::string> names = split_names(a.policies);
   if (names.empty()) {
     for (const auto& p : policy_registry())
@@ -99,6 +102,7 @@ int run_replay(const ReplayArgs& a, const GlobalOptions& g) {
     if (a.max_split_mb > 0) names.push_back("pytorch-max-split");
   }
   std::vector<ReplayResult> results;
+  std::vector<std::uint64_t> min_caps;
   for (const auto& name : names) {
     const PolicySpec* spec = find_policy(name);
     if (spec == nullptr) {
@@ -112,6 +116,10 @@ int run_replay(const ReplayArgs& a, const GlobalOptions& g) {
       continue;
     }
     results.push_back(replay_trace(tr, *policy));
+    if (a.min_capacity) {
+      std::uint64_t upper = std::max<std::uint64_t>(env.capacity, 2 * results.back().peak_reserved);
+      min_caps.push_back(replay::min_capacity(tr, *spec, env, upper));
+    }
   }
 
   if (!a.plot.empty()) {
@@ -129,7 +137,8 @@ int run_replay(const ReplayArgs& a, const GlobalOptions& g) {
     j["devices"] = env.devices;
     j["capacity_bytes"] = env.capacity;
     j["policies"] = nlohmann::json::array();
-    for (const auto& r : results) {
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      const auto& r = results[i];
       j["policies"].push_back({{"policy", r.policy},
                                {"peak_reserved_bytes", r.peak_reserved},
                                {"peak_allocated_bytes", r.peak_allocated},
@@ -139,23 +148,38 @@ int run_replay(const ReplayArgs& a, const GlobalOptions& g) {
                                {"ooms", r.ooms},
                                {"oom_bytes", r.oom_bytes},
                                {"first_oom_event", r.first_oom_op},
+                               {"first_oom_size", r.first_oom_size},
+                               {"allocated_at_first_oom", r.allocated_at_first_oom},
+                               {"reserved_at_first_oom", r.reserved_at_first_oom},
                                {"skipped_frees", r.skipped_frees},
                                {"unmatched_frees", r.unmatched_frees},
                                {"ns_per_op", r.ns_per_op},
                                {"ns_per_alloc", r.ns_per_alloc},
                                {"ns_per_free", r.ns_per_free}});
+      if (a.min_capacity) j["policies"].back()["min_capacity_bytes"] = min_caps[i];
     }
     std::cout << j.dump(2) << "\n";
   } else {
     std::printf("trace %s: %zu events, device capacity %s\n", path.c_str(), tr.events.size(),
                 gib(env.capacity).c_str());
-    std::printf("%-26s %13s %13s %9s %9s %9s %7s %9s\n", "policy", "peak reserved",
-                "peak alloc", "frag@peak", "frag mean", "frag max", "OOMs", "ns/op");
+    std::printf("%-26s %13s %13s %9s %9s %9s %7s %9s\n", "policy", "peak reserved", "peak alloc",
+                "frag@peak", "frag mean", "frag max", "OOMs", "ns/op");
     for (const auto& r : results) {
       std::printf("%-26s %13s %13s %8.1f%% %8.1f%% %8.1f%% %7llu %9.0f\n", r.policy.c_str(),
-                  gib(r.peak_reserved).c_str(), gib(r.peak_allocated).c_str(),
-                  r.frag_at_peak * 100, r.frag_mean * 100, r.frag_max * 100,
-                  static_cast<unsigned long long>(r.ooms), r.ns_per_op);
+                  gib(r.peak_reserved).c_str(), gib(r.peak_allocated).c_str(), r.frag_at_peak * 100,
+                  r.frag_mean * 100, r.frag_max * 100, static_cast<unsigned long long>(r.ooms),
+                  r.ns_per_op);
+    }
+    for (const auto& r : results) {
+      if (r.ooms == 0) continue;
+      std::printf("%s: first OOM at event %lld: %s requested with %s allocated and %s reserved\n",
+                  r.policy.c_str(), static_cast<long long>(r.first_oom_op),
+                  gib(r.first_oom_size).c_str(), gib(r.allocated_at_first_oom).c_str(),
+                  gib(r.reserved_at_first_oom).c_str());
+    }
+    for (std::size_t i = 0; i < min_caps.size(); ++i) {
+      std::printf("%s: smallest device without OOM: %s\n", results[i].policy.c_str(),
+                  min_caps[i] ? gib(min_caps[i]).c_str() : "none tried fits");
     }
   }
   return kOk;
@@ -177,6 +201,8 @@ Registrar reg{"replay",
                                "Write the synthetic transformer trace to FILE (and replay it)");
                 app.add_option("--steps", a->steps, "Steps of the synthetic trace (default 120)");
                 app.add_flag("--list-policies", a->list, "List the policies and exit");
+                app.add_flag("--min-capacity", a->min_capacity,
+                             "Also find each policy's smallest device without OOM (bisection)");
                 return [a, &global]() { return run_replay(*a, global); };
               }};
 

@@ -183,9 +183,8 @@ PolicyRegistrar reg_pytorch{
       return std::make_unique<CachingPolicy>("pytorch", env, SIZE_MAX);
     }};
 PolicyRegistrar reg_pytorch_split{
-    "pytorch-max-split",
-    "the PyTorch model with max_split_size_mb (--max-split-mb, default 128)", false,
-    [](const PolicyEnv& env, std::string*) -> std::unique_ptr<ReplayPolicy> {
+    "pytorch-max-split", "the PyTorch model with max_split_size_mb (--max-split-mb, default 128)",
+    false, [](const PolicyEnv& env, std::string*) -> std::unique_ptr<ReplayPolicy> {
       std::size_t split = env.max_split_size == SIZE_MAX ? 128 * MiB : env.max_split_size;
       return std::make_unique<CachingPolicy>(
           "pytorch-max-split-" + std::to_string(split / MiB) + "mb", env, split);

@@ -208,10 +208,18 @@ void write_trace_csv(const trace::Trace& t, std::ostream& out) {
         << e.device << ',';
     if (e.served_by) {
       switch (*e.served_by) {
-        case ServedBy::cache: out << "cache"; break;
-        case ServedBy::fresh: out << "fresh"; break;
-        case ServedBy::stitched: out << "stitched"; break;
-        case ServedBy::small: out << "small"; break;
+        case ServedBy::cache:
+          out << "cache";
+          break;
+        case ServedBy::fresh:
+          out << "fresh";
+          break;
+        case ServedBy::stitched:
+          out << "stitched";
+          break;
+        case ServedBy::small:
+          out << "small";
+          break;
       }
     }
     out << '\n';

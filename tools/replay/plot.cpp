@@ -24,11 +24,20 @@ std::string escape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -43,7 +52,8 @@ double nice_step(double range, int ticks) {
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 bool run(const std::vector<std::string>& args) {
@@ -61,7 +71,7 @@ bool run(const std::vector<std::string>& args) {
 
 std::string plot_svg(const std::vector<ReplayResult>& results, const std::string& title,
                      double capacity_bytes) {
-  const double W = 960, H = 540, left = 80, right = 230, top = 50, bottom = 60;
+  const double W = 1000, H = 540, left = 80, right = 270, top = 50, bottom = 60;
   const double pw = W - left - right, ph = H - top - bottom;
   double max_x = 1, max_y = capacity_bytes;
   for (const auto& r : results) {

@@ -10,7 +10,8 @@ std::vector<PolicySpec>& policy_registry() {
 
 PolicyRegistrar::PolicyRegistrar(std::string name, std::string description, bool default_on,
                                  PolicyFactory make) {
-  policy_registry().push_back({std::move(name), std::move(description), default_on, std::move(make)});
+  policy_registry().push_back(
+      {std::move(name), std::move(description), default_on, std::move(make)});
 }
 
 const PolicySpec* find_policy(const std::string& name) {

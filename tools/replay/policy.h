@@ -43,7 +43,7 @@ class ReplayPolicy {
 
 struct PolicyEnv {
   int devices = 1;
-  std::size_t capacity = 80 * GiB;       // per device
+  std::size_t capacity = 80 * GiB;  // per device
   std::size_t granularity = 2 * MiB;
   std::size_t max_split_size = SIZE_MAX;  // PyTorch's max_split_size_mb (policies that have it)
 };

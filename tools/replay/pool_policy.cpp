@@ -28,9 +28,7 @@ class PoolPolicy final : public ReplayPolicy {
   void deallocate(int, std::uint64_t handle, std::size_t, Stream stream) override {
     pool_.deallocate(static_cast<DevPtr>(handle), stream);
   }
-  std::uint64_t reserved(int device) const override {
-    return pool_.stats(device).bytes_reserved;
-  }
+  std::uint64_t reserved(int device) const override { return pool_.stats(device).bytes_reserved; }
   std::uint64_t peak_reserved(int device) const override {
     return pool_.stats(device).peak_reserved;
   }
@@ -40,6 +38,7 @@ class PoolPolicy final : public ReplayPolicy {
     Config c;
     c.stitching = stitching;
     c.backend = BackendKind::sim;
+    c.background_reclaim = false;  // deterministic: the same trace gives the same figures
     return c;
   }
   std::string name_;

@@ -31,8 +31,8 @@ ReplayResult replay_trace(const trace::Trace& trace, ReplayPolicy& policy,
   r.policy = policy.name();
   const int devices = trace.device_count();
   const std::size_t n = trace.events.size();
-  const std::size_t bucket =
-      std::max<std::size_t>(1, (n + options.max_points - 1) / std::max<std::size_t>(1, options.max_points));
+  const std::size_t bucket = std::max<std::size_t>(
+      1, (n + options.max_points - 1) / std::max<std::size_t>(1, options.max_points));
 
   std::unordered_map<std::pair<int, std::uint64_t>, std::deque<LiveAlloc>, KeyHash> live;
   live.reserve(4096);
@@ -59,7 +59,12 @@ ReplayResult replay_trace(const trace::Trace& trace, ReplayPolicy& policy,
       } else {
         ++r.ooms;
         r.oom_bytes += ev.size;
-        if (r.first_oom_op < 0) r.first_oom_op = static_cast<std::int64_t>(i);
+        if (r.first_oom_op < 0) {
+          r.first_oom_op = static_cast<std::int64_t>(i);
+          r.first_oom_size = ev.size;
+          r.allocated_at_first_oom = allocated;
+          for (int d = 0; d < devices; ++d) r.reserved_at_first_oom += policy.reserved(d);
+        }
       }
       live[key].push_back({handle, ev.size, !ok});
     } else {
@@ -91,8 +96,8 @@ ReplayResult replay_trace(const trace::Trace& trace, ReplayPolicy& policy,
           1.0 - static_cast<double>(std::min(allocated, reserved)) / static_cast<double>(reserved);
     }
     if (reserved > 0) {
-      frag_sum += 1.0 - static_cast<double>(std::min(allocated, reserved)) /
-                            static_cast<double>(reserved);
+      frag_sum +=
+          1.0 - static_cast<double>(std::min(allocated, reserved)) / static_cast<double>(reserved);
       ++frag_samples;
     }
     point.allocated = std::max(point.allocated, allocated);
@@ -105,8 +110,8 @@ ReplayResult replay_trace(const trace::Trace& trace, ReplayPolicy& policy,
   }
   for (const auto& [a, res] : samples) {
     if (res > 0 && a * 10 >= r.peak_allocated)
-      r.frag_max = std::max(r.frag_max, 1.0 - static_cast<double>(std::min(a, res)) /
-                                                  static_cast<double>(res));
+      r.frag_max = std::max(r.frag_max,
+                            1.0 - static_cast<double>(std::min(a, res)) / static_cast<double>(res));
   }
   std::uint64_t policy_peak = 0;
   for (int d = 0; d < devices; ++d) policy_peak += policy.peak_reserved(d);
@@ -115,13 +120,46 @@ ReplayResult replay_trace(const trace::Trace& trace, ReplayPolicy& policy,
   r.frag_mean = frag_samples ? frag_sum / static_cast<double>(frag_samples) : 0;
   std::uint64_t served_allocs = r.allocs;
   std::uint64_t served_frees = r.frees - r.skipped_frees - r.unmatched_frees;
-  r.ns_per_alloc = served_allocs ? static_cast<double>(alloc_ns) / static_cast<double>(served_allocs) : 0;
-  r.ns_per_free = served_frees ? static_cast<double>(free_ns) / static_cast<double>(served_frees) : 0;
+  r.ns_per_alloc =
+      served_allocs ? static_cast<double>(alloc_ns) / static_cast<double>(served_allocs) : 0;
+  r.ns_per_free =
+      served_frees ? static_cast<double>(free_ns) / static_cast<double>(served_frees) : 0;
   r.ns_per_op = (served_allocs + served_frees)
                     ? static_cast<double>(alloc_ns + free_ns) /
                           static_cast<double>(served_allocs + served_frees)
                     : 0;
   return r;
+}
+
+std::uint64_t min_capacity(const trace::Trace& trace, const PolicySpec& spec, PolicyEnv env,
+                           std::uint64_t upper, std::uint64_t resolution) {
+  auto fits = [&](std::uint64_t capacity) {
+    env.capacity = capacity;
+    std::string why;
+    auto policy = spec.make(env, &why);
+    if (!policy) return false;
+    return replay_trace(trace, *policy, ReplayOptions{16}).ooms == 0;
+  };
+  if (!fits(upper)) return 0;
+  std::uint64_t lo = 0, hi = upper;  // lo fails (or is untested 0), hi fits
+  {
+    env.capacity = upper;
+    std::string why;
+    if (auto policy = spec.make(env, &why)) {
+      std::uint64_t peak = replay_trace(trace, *policy, ReplayOptions{16}).peak_allocated;
+      lo = peak > resolution ? align_up(peak, resolution) - resolution : 0;
+    }
+  }
+  while (hi - lo > resolution) {
+    std::uint64_t mid = lo + (hi - lo) / 2 / resolution * resolution;
+    if (mid <= lo) mid = lo + resolution;
+    if (fits(mid)) {
+      hi = mid;
+    } else {
+      lo = mid;
+    }
+  }
+  return hi;
 }
 
 }  // namespace gpustitch::replay

@@ -68,7 +68,8 @@ std::string demangle(const char* name) {
 const void* own_object_base() {
   static const void* base = [] {
     Dl_info info;
-    if (dladdr(reinterpret_cast<void*>(&hash_pcs), &info) == 0) return static_cast<const void*>(nullptr);
+    if (dladdr(reinterpret_cast<void*>(&hash_pcs), &info) == 0)
+      return static_cast<const void*>(nullptr);
     Dl_info main_info;
     void* main_sym = dlsym(RTLD_DEFAULT, "main");
     if (main_sym != nullptr && dladdr(main_sym, &main_info) != 0 &&
@@ -117,7 +118,8 @@ SiteFrame symbolize(void* pc) {
       const char* slash = std::strrchr(info.dli_fname, '/');
       f.library = slash ? slash + 1 : info.dli_fname;
     }
-    f.offset = reinterpret_cast<std::uintptr_t>(pc) - reinterpret_cast<std::uintptr_t>(info.dli_fbase);
+    f.offset =
+        reinterpret_cast<std::uintptr_t>(pc) - reinterpret_cast<std::uintptr_t>(info.dli_fbase);
     if (info.dli_sname != nullptr) f.function = demangle(info.dli_sname);
   }
   if (f.function.empty()) {

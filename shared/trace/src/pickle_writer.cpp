@@ -58,10 +58,10 @@ void PickleWriter::flush_batch(Frame& f) {
 }
 
 // Called before any value is written: opens the current container's batch with MARK.
-#define GPUSTITCH_PICKLE_OPEN_BATCH()                                                  \
-  do {                                                                                 \
+#define GPUSTITCH_PICKLE_OPEN_BATCH()                                                      \
+  do {                                                                                     \
     if (!stack_.empty() && stack_.back().kind != Kind::tuple2 && stack_.back().items == 0) \
-      out_.push_back(MARK);                                                            \
+      out_.push_back(MARK);                                                                \
   } while (0)
 
 void PickleWriter::begin_dict() {
@@ -119,7 +119,8 @@ void PickleWriter::integer(std::int64_t v) {
     put_le(out_, static_cast<std::uint64_t>(v), 2);
   } else if (v >= INT32_MIN && v <= INT32_MAX) {
     out_.push_back(BININT);
-    put_le(out_, static_cast<std::uint64_t>(static_cast<std::uint32_t>(static_cast<std::int32_t>(v))), 4);
+    put_le(out_,
+           static_cast<std::uint64_t>(static_cast<std::uint32_t>(static_cast<std::int32_t>(v))), 4);
   } else {
     // LONG1: little-endian two's complement, shortest form.
     std::string bytes;

@@ -23,7 +23,9 @@
 
 namespace gpustitch::trace {
 
-std::uint64_t snapshot_stream(Stream s) noexcept { return s == kAnyStream ? 0 : s; }
+std::uint64_t snapshot_stream(Stream s) noexcept {
+  return s == kAnyStream ? 0 : s;
+}
 
 SnapshotData build_snapshot(const std::vector<LiveBlock>& blocks, int device_count,
                             std::size_t granularity) {
@@ -91,7 +93,8 @@ SnapshotData snapshot_from_trace(const Trace& trace, std::size_t upto, std::size
   // Live blocks keyed by pointer; a pointer may be live twice in a trace whose free was recorded
   // after the next allocation of the same address (threads racing), so keep them in order.
   std::map<std::pair<int, std::uint64_t>, std::deque<LiveBlock>> live;
-  std::vector<std::deque<SnapshotTraceEntry>> traces(static_cast<std::size_t>(trace.device_count()));
+  std::vector<std::deque<SnapshotTraceEntry>> traces(
+      static_cast<std::size_t>(trace.device_count()));
   auto push = [&](int device, SnapshotTraceEntry e) {
     auto& q = traces[static_cast<std::size_t>(device)];
     q.push_back(std::move(e));
@@ -312,7 +315,9 @@ std::vector<LiveBlock> LiveBlockTable::blocks() const {
   return out;
 }
 
-int LiveBlockTable::device_count() const noexcept { return max_device_.load() + 1; }
+int LiveBlockTable::device_count() const noexcept {
+  return max_device_.load() + 1;
+}
 
 // --- SnapshotRequests ------------------------------------------------------------------------
 

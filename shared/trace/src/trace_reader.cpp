@@ -17,7 +17,8 @@ namespace {
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r'))
+    s.remove_suffix(1);
   return s;
 }
 
@@ -26,7 +27,8 @@ std::vector<std::string_view> split(std::string_view line) {
   std::size_t start = 0;
   for (;;) {
     std::size_t comma = line.find(',', start);
-    out.push_back(trim(line.substr(start, comma == std::string_view::npos ? line.npos : comma - start)));
+    out.push_back(
+        trim(line.substr(start, comma == std::string_view::npos ? line.npos : comma - start)));
     if (comma == std::string_view::npos) break;
     start = comma + 1;
   }
@@ -58,8 +60,7 @@ bool parse_stream(std::string_view s, std::uint64_t* out) {
 }
 
 struct Columns {
-  int thread = 0, time = 1, action = 2, pointer = 3, size = 4, stream = 5, device = -1,
-      served = -1;
+  int thread = 0, time = 1, action = 2, pointer = 3, size = 4, stream = 5, device = -1, served = -1;
 };
 
 std::optional<ServedBy> parse_served(std::string_view s) {
@@ -144,8 +145,7 @@ Trace read_trace(std::istream& in) {
       return i >= 0 && i < static_cast<int>(fields.size()) ? fields[static_cast<std::size_t>(i)]
                                                            : std::string_view{};
     };
-    if (static_cast<int>(fields.size()) <
-        std::max({cols.action, cols.pointer, cols.size}) + 1) {
+    if (static_cast<int>(fields.size()) < std::max({cols.action, cols.pointer, cols.size}) + 1) {
       bad(lineno, "too few fields (" + std::to_string(fields.size()) + ")");
       continue;
     }

@@ -122,28 +122,44 @@ char* put_hex(char* p, std::uint64_t v) noexcept {
 
 const char* served_by_name(std::uint8_t s) noexcept {
   switch (static_cast<ServedBy>(s)) {
-    case ServedBy::cache: return "cache";
-    case ServedBy::fresh: return "fresh";
-    case ServedBy::stitched: return "stitched";
-    case ServedBy::small: return "small";
+    case ServedBy::cache:
+      return "cache";
+    case ServedBy::fresh:
+      return "fresh";
+    case ServedBy::stitched:
+      return "stitched";
+    case ServedBy::small:
+      return "small";
   }
   return "unknown";
 }
 
 const char* errno_text(int e) noexcept {
   switch (e) {
-    case ENOSPC: return "No space left on device";
-    case EDQUOT: return "Disk quota exceeded";
-    case EACCES: return "Permission denied";
-    case EPERM: return "Operation not permitted";
-    case ENOENT: return "No such file or directory";
-    case EROFS: return "Read-only file system";
-    case EIO: return "Input/output error";
-    case EFBIG: return "File too large";
-    case EISDIR: return "Is a directory";
-    case ENOTDIR: return "Not a directory";
-    case EBADF: return "Bad file descriptor";
-    default: return nullptr;
+    case ENOSPC:
+      return "No space left on device";
+    case EDQUOT:
+      return "Disk quota exceeded";
+    case EACCES:
+      return "Permission denied";
+    case EPERM:
+      return "Operation not permitted";
+    case ENOENT:
+      return "No such file or directory";
+    case EROFS:
+      return "Read-only file system";
+    case EIO:
+      return "Input/output error";
+    case EFBIG:
+      return "File too large";
+    case EISDIR:
+      return "Is a directory";
+    case ENOTDIR:
+      return "Not a directory";
+    case EBADF:
+      return "Bad file descriptor";
+    default:
+      return nullptr;
   }
 }
 
@@ -311,7 +327,8 @@ struct TraceWriter::Impl {
 
   static void* thread_main(void* arg) {
     auto* self = static_cast<Impl*>(arg);
-    const unsigned ms = self->owner->options_.flush_interval_ms ? self->owner->options_.flush_interval_ms : 20;
+    const unsigned ms =
+        self->owner->options_.flush_interval_ms ? self->owner->options_.flush_interval_ms : 20;
     while (!self->stop.load(std::memory_order_acquire)) {
       self->drain(false);
       timespec ts{static_cast<time_t>(ms / 1000), static_cast<long>(ms % 1000) * 1000000L};
@@ -331,7 +348,9 @@ void flush_all_for_signal() noexcept {
   }
 }
 
-void flush_all_at_exit() { flush_all_for_signal(); }
+void flush_all_at_exit() {
+  flush_all_for_signal();
+}
 
 void fork_child_all() {
   for (auto& slot : g_writers) {

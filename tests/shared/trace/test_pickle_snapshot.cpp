@@ -40,8 +40,8 @@ std::string run_check(const std::string& mode, const std::string& file, int* rc)
   return out;
 }
 
-#define REQUIRE_PYTHON()                                                 \
-  do {                                                                   \
+#define REQUIRE_PYTHON()                                                      \
+  do {                                                                        \
     if (std::string(GPUSTITCH_PYTHON3).empty()) GTEST_SKIP() << "no python3"; \
   } while (0)
 
@@ -58,10 +58,10 @@ TEST(PickleWriter, PythonReadsBackEveryValue) {
   w.begin_dict();
   w.key("ints");
   w.begin_list();
-  for (std::int64_t v : {std::int64_t{0}, std::int64_t{255}, std::int64_t{256},
-                         std::int64_t{65535}, std::int64_t{65536}, std::int64_t{-1},
-                         std::int64_t{INT32_MIN}, std::int64_t{INT32_MAX} + 1,
-                         std::int64_t{1} << 40, -(std::int64_t{1} << 40), INT64_MIN, INT64_MAX})
+  for (std::int64_t v :
+       {std::int64_t{0}, std::int64_t{255}, std::int64_t{256}, std::int64_t{65535},
+        std::int64_t{65536}, std::int64_t{-1}, std::int64_t{INT32_MIN}, std::int64_t{INT32_MAX} + 1,
+        std::int64_t{1} << 40, -(std::int64_t{1} << 40), INT64_MIN, INT64_MAX})
     w.integer(v);
   w.uinteger(UINT64_MAX);
   w.uinteger(0x7f8a40000000ull);
@@ -102,7 +102,8 @@ TEST(PickleWriter, PythonReadsBackEveryValue) {
       "], 'text': 'na\xc3\xafve \xe2\x9c\x93', 'misc': [1.5, True, False, None, [], {}, "
       "(3, 'x')], 'long': [" +
       longlist + "]}";
-  EXPECT_TRUE(out == expected) << "python read:\n" << out.substr(0, 400) << "\nexpected:\n"
+  EXPECT_TRUE(out == expected) << "python read:\n"
+                               << out.substr(0, 400) << "\nexpected:\n"
                                << expected.substr(0, 400);
 }
 
@@ -122,9 +123,9 @@ TEST(Snapshot, LiveBlocksBecomePyTorchSegmentsAndBlocks) {
   add(base, 512, 0, ServedBy::small);  // three small blocks in one 2 MiB page
   add(base + 0x1000, 4096, 0, ServedBy::small);
   add(base + 0x100000, 1000, 0, ServedBy::small);
-  add(base + 16 * MiB, 10 * MiB, 0, ServedBy::fresh);       // a large block, own segment
+  add(base + 16 * MiB, 10 * MiB, 0, ServedBy::fresh);         // a large block, own segment
   add(base + 256 * MiB, 4 * MiB + 1, 0, ServedBy::stitched);  // a stitched one
-  add(base + 1024 * MiB, 3 * MiB, 1, ServedBy::cache);      // another device
+  add(base + 1024 * MiB, 3 * MiB, 1, ServedBy::cache);        // another device
   blocks[3].frames = {{"libtrain.so", 0, "train_step()"}};
   SnapshotData data = build_snapshot(blocks, 2);
   ASSERT_EQ(data.segments.size(), 4u);

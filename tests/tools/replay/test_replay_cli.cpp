@@ -72,8 +72,7 @@ TEST(ReplayCli, GeneratesReplaysAndPlots) {
   ASSERT_EQ(rc, 0) << out;
   auto again = nlohmann::json::parse(out);
   EXPECT_EQ(again["bad_lines"], 0);
-  EXPECT_EQ(again["policies"][0]["peak_reserved_bytes"],
-            by_name["pytorch"]["peak_reserved_bytes"]);
+  EXPECT_EQ(again["policies"][0]["peak_reserved_bytes"], by_name["pytorch"]["peak_reserved_bytes"]);
 }
 
 TEST(ReplayCli, UnknownPolicyAndMissingTraceAreReported) {
@@ -81,7 +80,8 @@ TEST(ReplayCli, UnknownPolicyAndMissingTraceAreReported) {
   run(std::string(GPUSTITCH_CLI) + " replay /nonexistent.csv 2>/dev/null", &rc);
   EXPECT_EQ(rc, 3);
   std::string trace = tmp("one.csv");
-  std::ofstream(trace) << "Thread,Time,Action,Pointer,Size,Stream\n1,00:00:00.1,allocate,0x1,8,0x0\n";
+  std::ofstream(trace)
+      << "Thread,Time,Action,Pointer,Size,Stream\n1,00:00:00.1,allocate,0x1,8,0x0\n";
   run(std::string(GPUSTITCH_CLI) + " replay " + trace + " --policy nosuch 2>/dev/null", &rc);
   EXPECT_EQ(rc, 2);
 }
@@ -94,10 +94,9 @@ TEST(SnapshotCli, WritesASnapshotOfATrace) {
           " --steps 3 --policy pytorch >/dev/null",
       &rc);
   ASSERT_EQ(rc, 0);
-  std::string out =
-      run(std::string(GPUSTITCH_CLI) + " snapshot --trace " + trace + " --at 2000 -o " + pickle +
-              " --json",
-          &rc);
+  std::string out = run(std::string(GPUSTITCH_CLI) + " snapshot --trace " + trace +
+                            " --at 2000 -o " + pickle + " --json",
+                        &rc);
   ASSERT_EQ(rc, 0) << out;
   out = run(std::string(GPUSTITCH_PYTHON3) + " " + GPUSTITCH_SNAPSHOT_CHECK + " snapshot " + pickle,
             &rc);

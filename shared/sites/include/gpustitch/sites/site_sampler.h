@@ -35,8 +35,8 @@
 namespace gpustitch::sites {
 
 struct SiteFrame {
-  std::string function;  // demangled; "0x<pc>" when the symbol is unknown
-  std::string library;   // file name of the object (no directory)
+  std::string function;      // demangled; "0x<pc>" when the symbol is unknown
+  std::string library;       // file name of the object (no directory)
   std::uint64_t offset = 0;  // pc - load address of the object
 };
 
@@ -50,9 +50,9 @@ struct SiteReport {
 };
 
 struct SiteSamplerOptions {
-  std::size_t min_size = 0;       // sample every allocation >= min_size (0: off)
-  unsigned sample_every = 0;      // sample one allocation in sample_every (0: off)
-  int max_depth = 32;             // frames captured per stack
+  std::size_t min_size = 0;   // sample every allocation >= min_size (0: off)
+  unsigned sample_every = 0;  // sample one allocation in sample_every (0: off)
+  int max_depth = 32;         // frames captured per stack
 };
 
 // Returns a sampler when config enables sites (sites_min_mb / sites_sample), else null.

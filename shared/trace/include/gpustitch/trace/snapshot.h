@@ -23,8 +23,8 @@
 // honours requests in a directory it owns that no one else can write.
 #pragma once
 
-#include <cstdint>
 #include <atomic>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -68,7 +68,7 @@ struct SnapshotSegment {
   std::uint64_t active_size = 0;
   std::uint64_t requested_size = 0;
   std::uint64_t stream = 0;
-  std::string segment_type;  // small | large
+  std::string segment_type;    // small | large
   bool is_expandable = false;  // stitched memory: gpustitch's analogue of expandable segments
   std::vector<SnapshotBlock> blocks;
 };
@@ -143,8 +143,7 @@ class SnapshotRequests {
   static std::string directory(bool create);
   // CLI side: asks process pid to write its snapshot to out_path (absolute) and waits up to
   // timeout_ms. Returns true when the process reported success; *why says what went wrong.
-  static bool request(int pid, const std::string& out_path, unsigned timeout_ms,
-                      std::string* why);
+  static bool request(int pid, const std::string& out_path, unsigned timeout_ms, std::string* why);
 
   // Process side: checks for a request addressed to this process and, if there is one, serves it
   // with make_data(). Cheap when there is none (one stat()). Never throws.

@@ -21,14 +21,14 @@ namespace gpustitch::trace {
 enum class TraceAction : std::uint8_t { allocate, free };
 
 struct TraceEvent {
-  std::uint64_t line = 0;      // 1-based line in the file
+  std::uint64_t line = 0;  // 1-based line in the file
   std::uint64_t thread = 0;
-  double time_s = 0;           // seconds (time of day for RMM's HH:MM:SS.us format)
+  double time_s = 0;  // seconds (time of day for RMM's HH:MM:SS.us format)
   TraceAction action = TraceAction::allocate;
   std::uint64_t ptr = 0;
   std::uint64_t size = 0;
   std::uint64_t stream = 0;
-  int device = 0;              // 0 when the trace has no Device column
+  int device = 0;  // 0 when the trace has no Device column
   std::optional<ServedBy> served_by;
 };
 
@@ -42,7 +42,7 @@ struct Trace {
   std::vector<TraceParseError> errors;  // at most kMaxKeptErrors kept; bad_lines counts all
   std::uint64_t bad_lines = 0;
   bool has_header = false;
-  bool gpustitch_columns = false;  // Device/ServedBy present
+  bool gpustitch_columns = false;     // Device/ServedBy present
   int device_count() const noexcept;  // 1 + highest device seen (at least 1)
 };
 

@@ -28,7 +28,8 @@
 
 namespace gpustitch::trace {
 
-inline constexpr const char* kTraceHeader = "Thread,Time,Action,Pointer,Size,Stream,Device,ServedBy";
+inline constexpr const char* kTraceHeader =
+    "Thread,Time,Action,Pointer,Size,Stream,Device,ServedBy";
 
 struct TraceWriterOptions {
   std::string path;
