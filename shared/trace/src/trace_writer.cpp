@@ -538,4 +538,15 @@ void TraceWriter::on_fork_child() noexcept {
   }
 }
 
+std::unique_ptr<TraceWriter> make_trace_writer(const Config& config) {
+  if (config.trace_path.empty()) return nullptr;
+  try {
+    TraceWriterOptions o;
+    o.path = config.trace_path;
+    return std::make_unique<TraceWriter>(std::move(o));
+  } catch (...) {
+    return nullptr;  // out of host memory: no trace, the program is unaffected
+  }
+}
+
 }  // namespace gpustitch::trace

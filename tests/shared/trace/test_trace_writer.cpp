@@ -340,3 +340,14 @@ TEST(TraceWriter, ForkedChildDoesNotWriteIntoTheParentsTrace) {
   EXPECT_EQ(tr.events[0].size, 1u);
   EXPECT_EQ(tr.events[1].action, TraceAction::free);
 }
+
+TEST(TraceWriter, MadeOnlyWhenTheConfigurationAsksForIt) {
+  Config c;
+  EXPECT_EQ(make_trace_writer(c), nullptr);
+  auto parsed = parse_config("trace:" + temp_path("conf.csv"));
+  ASSERT_TRUE(parsed.errors.empty());
+  auto w = make_trace_writer(parsed.config);
+  ASSERT_NE(w, nullptr);
+  EXPECT_TRUE(w->ok());
+  EXPECT_EQ(w->path(), temp_path("conf.csv"));
+}

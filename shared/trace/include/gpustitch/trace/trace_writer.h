@@ -24,6 +24,7 @@
 #include <memory>
 #include <string>
 
+#include "gpustitch/config.h"
 #include "gpustitch/stats.h"
 
 namespace gpustitch::trace {
@@ -67,6 +68,7 @@ class TraceWriter final : public PoolObserver {
     return dropped_.load(std::memory_order_relaxed);
   }
   const std::string& path() const noexcept { return options_.path; }
+  const TraceWriterOptions& options() const noexcept { return options_; }
 
   // fork(): the child has no writer thread and shares the file with the parent, so it stops
   // recording (its records would interleave with the parent's). Call from pthread_atfork's child
@@ -87,5 +89,8 @@ class TraceWriter final : public PoolObserver {
   std::atomic<std::uint64_t> dropped_{0};
   friend struct Impl;
 };
+
+// The writer GPUSTITCH_CONF=trace:PATH asks for, or null when config.trace_path is empty.
+std::unique_ptr<TraceWriter> make_trace_writer(const Config& config);
 
 }  // namespace gpustitch::trace
