@@ -349,7 +349,10 @@ void flush_all_for_signal() noexcept {
 }
 
 void flush_all_at_exit() {
-  flush_all_for_signal();
+  for (auto& slot : g_writers) {
+    TraceWriter* w = slot.load(std::memory_order_acquire);
+    if (w != nullptr && w->options().flush_at_exit) w->flush();
+  }
 }
 
 void fork_child_all() {
