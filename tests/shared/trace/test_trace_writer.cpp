@@ -351,3 +351,27 @@ TEST(TraceWriter, MadeOnlyWhenTheConfigurationAsksForIt) {
   EXPECT_TRUE(w->ok());
   EXPECT_EQ(w->path(), temp_path("conf.csv"));
 }
+
+TEST(TraceWriter, NormalExitFlushesEverything) {
+  const std::string path = temp_path("exit.csv");
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    TraceWriterOptions o;
+    o.path = path;
+    o.flush_interval_ms = 60000;  // only the exit hook can write these in time
+    auto* w = new TraceWriter(o);  // never destroyed, as in the preload library
+    for (int i = 0; i < 30000; ++i)
+      w->on_allocate(0, 0x10000 + 4096 * static_cast<DevPtr>(i), static_cast<std::size_t>(i), 0,
+                     ServedBy::cache);
+    exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  Trace tr;
+  ASSERT_TRUE(read_trace_file(path, &tr, nullptr));
+  EXPECT_EQ(tr.bad_lines, 0u);
+  ASSERT_EQ(tr.events.size(), 30000u);
+  EXPECT_EQ(tr.events.back().size, 29999u);
+}
