@@ -11,7 +11,7 @@ using namespace gpustitch::sites;
 
 namespace {
 
-__attribute__((noinline)) void at_depth(int depth, SiteSampler& s, DevPtr p, std::size_t size) {
+__attribute__((noinline)) void at_depth(int depth, PoolObserver& s, DevPtr p, std::size_t size) {
   if (depth > 0) {
     at_depth(depth - 1, s, p, size);
     asm volatile("" ::: "memory");
@@ -32,6 +32,17 @@ void run(benchmark::State& state, SiteSamplerOptions o, std::size_t size) {
   state.SetLabel(SiteSampler::unwinder());
 }
 
+// Baseline: the same calls into an observer that does nothing (what "off" compares with).
+void NoSampler(benchmark::State& state) {
+  PoolObserver nothing;
+  DevPtr p = 0x7f0000000000;
+  int depth = static_cast<int>(state.range(0));
+  for (auto _ : state) {
+    at_depth(depth, nothing, p, 4096);
+    p += 4096;
+  }
+}
+
 void Unsampled(benchmark::State& state) {
   run(state, {.min_size = 64 * MiB}, 4096);
 }
@@ -47,6 +58,7 @@ void OneIn1000(benchmark::State& state) {
 
 }  // namespace
 
+BENCHMARK(NoSampler)->Arg(10)->Arg(40);
 BENCHMARK(Unsampled)->Arg(10)->Arg(40);
 BENCHMARK(EveryAllocation)->Arg(10)->Arg(40);
 BENCHMARK(OneIn100)->Arg(10)->Arg(40);

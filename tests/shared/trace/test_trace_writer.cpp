@@ -359,7 +359,7 @@ TEST(TraceWriter, NormalExitFlushesEverything) {
   if (pid == 0) {
     TraceWriterOptions o;
     o.path = path;
-    o.flush_interval_ms = 60000;  // only the exit hook can write these in time
+    o.flush_interval_ms = 60000;   // only the exit hook can write these in time
     auto* w = new TraceWriter(o);  // never destroyed, as in the preload library
     for (int i = 0; i < 30000; ++i)
       w->on_allocate(0, 0x10000 + 4096 * static_cast<DevPtr>(i), static_cast<std::size_t>(i), 0,
