@@ -25,6 +25,19 @@ __attribute__((noinline)) void allocate_activations_here(SiteSampler& s, DevPtr 
 }
 
 namespace {
+// Calls f(0..n-1) from one call site: n is read from a volatile, so the compiler can neither
+// peel the loop into n copies (different return addresses) nor turn the call into a tail call.
+volatile int g_times = 0;
+template <class F>
+__attribute__((noinline)) void repeat_from_one_site(int n, F f) {
+  g_times = n;
+  const int times = g_times;
+  for (int i = 0; i < times; ++i) {
+    f(i);
+    asm volatile("" ::: "memory");
+  }
+}
+
 bool names(const SiteReport& r, const std::string& fn) {
   return !r.frames.empty() && r.frames.front().function.find(fn) != std::string::npos;
 }
@@ -52,7 +65,7 @@ TEST(SiteSampler, StackNamesTheAllocatingFunction) {
 
 TEST(SiteSampler, AggregatesLiveBytesAndCountPerSite) {
   SiteSampler s({.min_size = 1, .sample_every = 0});
-  for (int i = 0; i < 3; ++i) allocate_weights_here(s, 0x100000 * (i + 1), 10 * MiB);
+  repeat_from_one_site(3, [&](int i) { allocate_weights_here(s, 0x100000 * (i + 1), 10 * MiB); });
   allocate_activations_here(s, 0x900000, 50 * MiB);
   auto top = s.top(8);
   ASSERT_EQ(top.size(), 2u);
@@ -88,7 +101,8 @@ TEST(SiteSampler, SamplesOnlyWhatTheTriggersSelect) {
   EXPECT_EQ(big.sampled(), 1u);
 
   SiteSampler one_in_4({.min_size = 0, .sample_every = 4});
-  for (int i = 0; i < 400; ++i) allocate_activations_here(one_in_4, 0x1000 * (i + 1), 512);
+  repeat_from_one_site(400,
+                       [&](int i) { allocate_activations_here(one_in_4, 0x1000 * (i + 1), 512); });
   EXPECT_EQ(one_in_4.sampled(), 100u);
   auto top = one_in_4.top(1);
   ASSERT_EQ(top.size(), 1u);
