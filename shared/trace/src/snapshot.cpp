@@ -87,6 +87,54 @@ SnapshotData build_snapshot(const std::vector<LiveBlock>& blocks, int device_cou
   return data;
 }
 
+SnapshotData build_snapshot_from_segments(
+    const std::vector<PoolSegmentView>& segments, int device_count,
+    const std::function<std::vector<SnapshotFrame>(DevPtr)>& frames_for) {
+  SnapshotData data;
+  int devices = std::max(device_count, 1);
+  for (const auto& s : segments) devices = std::max(devices, s.device + 1);
+  data.device_traces.resize(static_cast<std::size_t>(devices));
+  for (const auto& s : segments) {
+    SnapshotSegment seg;
+    seg.device = s.device;
+    seg.address = s.base;
+    seg.total_size = s.size;
+    seg.stream = snapshot_stream(s.stream);
+    seg.is_expandable = s.stitched;
+    bool all_small = true;
+    for (const auto& b : s.blocks) {
+      SnapshotBlock blk;
+      blk.address = b.ptr;
+      blk.size = b.size;
+      switch (b.state) {
+        case PoolBlockView::State::live:
+          blk.state = "active_allocated";
+          break;
+        case PoolBlockView::State::pending:
+          blk.state = "active_awaiting_free";
+          break;
+        case PoolBlockView::State::free:
+          blk.state = "inactive";
+          break;
+      }
+      if (b.state != PoolBlockView::State::free) {
+        blk.requested_size = b.requested;
+        seg.active_size += b.size;
+        if (b.size > 1 * MiB) all_small = false;
+      }
+      if (b.state == PoolBlockView::State::live) {
+        seg.allocated_size += b.size;
+        seg.requested_size += b.requested;
+        if (frames_for) blk.frames = frames_for(b.ptr);
+      }
+      seg.blocks.push_back(std::move(blk));
+    }
+    seg.segment_type = all_small && s.size <= 2 * MiB ? "small" : "large";
+    data.segments.push_back(std::move(seg));
+  }
+  return data;
+}
+
 SnapshotData snapshot_from_trace(const Trace& trace, std::size_t upto, std::size_t granularity,
                                  std::size_t max_trace_entries) {
   std::size_t n = upto == 0 ? trace.events.size() : std::min(upto, trace.events.size());

@@ -41,6 +41,7 @@ def check(snap):
             fail("bad segment_type %r" % s["segment_type"])
         at = s["address"]
         active = 0
+        seg_allocated = 0
         for b in s["blocks"]:
             missing = BLOCK_KEYS - set(b)
             if missing:
@@ -54,16 +55,21 @@ def check(snap):
                 if set(f) != FRAME_KEYS:
                     fail("frame keys %s" % sorted(f))
                 frames_seen.append(f["name"])
-            if b["state"] == "active_allocated":
+            if b["state"] != "inactive":
                 active += b["size"]
-                blocks += 1
                 if b["requested_size"] > b["size"]:
                     fail("requested_size > size")
+            if b["state"] == "active_allocated":
+                seg_allocated += b["size"]
+                blocks += 1
         if at != s["address"] + s["total_size"]:
             fail("blocks do not cover segment 0x%x" % s["address"])
-        if active != s["allocated_size"] or active != s["active_size"]:
-            fail("allocated_size %d != sum of active blocks %d" % (s["allocated_size"], active))
-        allocated += active
+        if seg_allocated != s["allocated_size"]:
+            fail("allocated_size %d != sum of allocated blocks %d"
+                 % (s["allocated_size"], seg_allocated))
+        if active != s["active_size"]:
+            fail("active_size %d != sum of active blocks %d" % (s["active_size"], active))
+        allocated += seg_allocated
     traces = snap["device_traces"]
     if not isinstance(traces, list):
         fail("device_traces is not a list")

@@ -220,3 +220,32 @@ TEST(SnapshotRequests, AProcessAnswersARequestThroughItsPollingThread) {
   // Nobody polls for a process that does not exist.
   EXPECT_FALSE(SnapshotRequests::request(999999999, out_path, 100, &why));
 }
+
+TEST(Snapshot, PoolSegmentsKeepFreeAndPendingBlocks) {
+  REQUIRE_PYTHON();
+  using State = PoolBlockView::State;
+  const DevPtr base = 0x7f0000000000ull;
+  PoolSegmentView seg;
+  seg.base = base;
+  seg.size = 64 * MiB;
+  seg.stitched = true;
+  seg.blocks = {{base, 16 * MiB, 15 * MiB, State::live},
+                {base + 16 * MiB, 8 * MiB, 8 * MiB, State::pending},
+                {base + 24 * MiB, 40 * MiB, 0, State::free}};
+  SnapshotData data = build_snapshot_from_segments({seg}, 1, [](DevPtr) {
+    return std::vector<SnapshotFrame>{{"libx.so", 0, "f()"}};
+  });
+  ASSERT_EQ(data.segments.size(), 1u);
+  EXPECT_EQ(data.segments[0].allocated_size, 16 * MiB);
+  EXPECT_EQ(data.segments[0].active_size, 24 * MiB);
+  EXPECT_EQ(data.segments[0].blocks[1].state, "active_awaiting_free");
+  std::string path = temp_path("segments.pickle");
+  ASSERT_TRUE(write_pytorch_snapshot(data, path, nullptr));
+  int rc = 0;
+  std::string out = run_check("snapshot", path, &rc);
+  ASSERT_EQ(rc, 0) << out;
+  auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["blocks"], 1);
+  EXPECT_EQ(j["allocated"], 16 * MiB);
+  EXPECT_EQ(j["frames"], nlohmann::json::array({"f()"}));
+}

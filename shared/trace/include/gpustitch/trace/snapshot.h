@@ -93,6 +93,27 @@ std::uint64_t snapshot_stream(Stream s) noexcept;
 SnapshotData build_snapshot(const std::vector<LiveBlock>& blocks, int device_count,
                             std::size_t granularity = 2 * MiB);
 
+// The pool's own view of its memory, for when the core can enumerate it (a mapped range and the
+// blocks in it, free ones included). Preferred over build_snapshot(): cached memory shows up as
+// inactive blocks and segments are the pool's real ranges.
+struct PoolBlockView {
+  DevPtr ptr = 0;
+  std::size_t size = 0;       // bytes the block spans
+  std::size_t requested = 0;  // bytes asked for (live blocks)
+  enum class State : std::uint8_t { live, free, pending } state = State::free;
+};
+struct PoolSegmentView {
+  int device = 0;
+  DevPtr base = 0;
+  std::size_t size = 0;
+  bool stitched = false;
+  Stream stream = kAnyStream;
+  std::vector<PoolBlockView> blocks;  // in address order, covering [base, base+size)
+};
+SnapshotData build_snapshot_from_segments(
+    const std::vector<PoolSegmentView>& segments, int device_count,
+    const std::function<std::vector<SnapshotFrame>(DevPtr)>& frames_for = nullptr);
+
 // The state after the first `upto` events of the trace (all when upto is 0), with the last
 // `max_trace_entries` events as device_traces.
 SnapshotData snapshot_from_trace(const Trace& trace, std::size_t upto = 0,
