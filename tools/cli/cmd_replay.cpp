@@ -30,6 +30,7 @@ struct ReplayArgs {
   int steps = 120;
   bool list = false;
   bool min_capacity = false;
+  bool gpu = false;
 };
 
 std::vector<std::string> split_names(const std::vector<std::string>& in) {
@@ -93,6 +94,7 @@ int run_replay(const ReplayArgs& a, const GlobalOptions& g) {
   PolicyEnv env;
   env.devices = tr.device_count();
   env.capacity = static_cast<std::size_t>(a.capacity_gb * 1024.0 * 1024.0 * 1024.0);
+  env.gpu = a.gpu;
   if (a.max_split_mb > 0)
     env.max_split_size = static_cast<std::size_t>(a.max_split_mb * 1024 * 1024);
   std::vector<std::string> names = split_names(a.policies);
@@ -100,6 +102,10 @@ int run_replay(const ReplayArgs& a, const GlobalOptions& g) {
     for (const auto& p : policy_registry())
       if (p.default_on) names.push_back(p.name);
     if (a.max_split_mb > 0) names.push_back("pytorch-max-split");
+    if (a.gpu) {
+      names.push_back("cuda-malloc");
+      names.push_back("cuda-malloc-async");
+    }
   }
   std::vector<ReplayResult> results;
   std::vector<std::uint64_t> min_caps;
@@ -201,6 +207,9 @@ Registrar reg{"replay",
                                "Write the synthetic transformer trace to FILE (and replay it)");
                 app.add_option("--steps", a->steps, "Steps of the synthetic trace (default 120)");
                 app.add_flag("--list-policies", a->list, "List the policies and exit");
+                app.add_flag("--gpu", a->gpu,
+                             "Replay on the GPU: gpustitch over the CUDA backend (cap = capacity) "
+                             "plus native cuda-malloc and cuda-malloc-async rows");
                 app.add_flag("--min-capacity", a->min_capacity,
                              "Also find each policy's smallest device without OOM (bisection)");
                 return [a, &global]() { return run_replay(*a, global); };

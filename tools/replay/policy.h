@@ -46,6 +46,9 @@ struct PolicyEnv {
   std::size_t capacity = 80 * GiB;  // per device
   std::size_t granularity = 2 * MiB;
   std::size_t max_split_size = SIZE_MAX;  // PyTorch's max_split_size_mb (policies that have it)
+  // Replay on the GPU: the gpustitch policies use the CUDA backend (with cap = capacity) and the
+  // native policies (cuda-malloc, cuda-malloc-async) become available.
+  bool gpu = false;
 };
 
 using PolicyFactory =

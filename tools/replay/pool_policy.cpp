@@ -1,6 +1,8 @@
 // The gpustitch pool as a replay policy: a real gpustitch::Pool over a SimBackend of the given
-// capacity, with stitching on ("gpustitch") or off ("gpustitch-no-stitch"). Reserved is the
-// pool's bytes_reserved (physical memory held from the backend).
+// capacity (or, with PolicyEnv::gpu, over the CUDA backend with cap = capacity), with stitching
+// on ("gpustitch") or off ("gpustitch-no-stitch"). Reserved is the pool's bytes_reserved
+// (physical memory held from the backend).
+#include <gpustitch/backend_factory.h>
 #include <gpustitch/pool.h>
 #include <gpustitch/sim_backend.h>
 
@@ -12,10 +14,28 @@ namespace {
 
 class PoolPolicy final : public ReplayPolicy {
  public:
-  PoolPolicy(std::string name, const PolicyEnv& env, bool stitching)
-      : name_(std::move(name)),
-        backend_(SimOptions{env.devices, env.capacity, env.granularity, true}),
-        pool_(backend_, make_config(stitching)) {}
+  PoolPolicy(std::string name, std::unique_ptr<Backend> backend, const Config& config)
+      : name_(std::move(name)), backend_(std::move(backend)), pool_(*backend_, config) {}
+
+  static std::unique_ptr<ReplayPolicy> make(std::string name, const PolicyEnv& env, bool stitching,
+                                            std::string* why) {
+    Config c = make_config(stitching);
+    std::unique_ptr<Backend> backend;
+    if (env.gpu) {
+      c.backend = BackendKind::cuda;
+      c.cap = env.capacity;
+      backend = make_backend(c, why);
+      if (!backend) return nullptr;
+    } else {
+      backend = std::make_unique<SimBackend>(
+          SimOptions{env.devices, env.capacity, env.granularity, true});
+    }
+    if (backend->device_count() < env.devices) {
+      if (why) *why = "the trace uses more devices than the backend has";
+      return nullptr;
+    }
+    return std::make_unique<PoolPolicy>(std::move(name), std::move(backend), c);
+  }
 
   std::string name() const override { return name_; }
 
@@ -42,18 +62,17 @@ class PoolPolicy final : public ReplayPolicy {
     return c;
   }
   std::string name_;
-  SimBackend backend_;
+  std::unique_ptr<Backend> backend_;
   Pool pool_;
 };
 
 PolicyRegistrar reg_on{"gpustitch", "gpustitch pool, stitching on (simulated device)", true,
-                       [](const PolicyEnv& env, std::string*) -> std::unique_ptr<ReplayPolicy> {
-                         return std::make_unique<PoolPolicy>("gpustitch", env, true);
+                       [](const PolicyEnv& env, std::string* why) {
+                         return PoolPolicy::make("gpustitch", env, true, why);
                        }};
 PolicyRegistrar reg_off{"gpustitch-no-stitch", "gpustitch pool, stitching off (simulated device)",
-                        true,
-                        [](const PolicyEnv& env, std::string*) -> std::unique_ptr<ReplayPolicy> {
-                          return std::make_unique<PoolPolicy>("gpustitch-no-stitch", env, false);
+                        true, [](const PolicyEnv& env, std::string* why) {
+                          return PoolPolicy::make("gpustitch-no-stitch", env, false, why);
                         }};
 
 }  // namespace
