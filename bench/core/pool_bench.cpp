@@ -39,7 +39,7 @@ void BM_CacheHitPairStream(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations());
 }
-BENCHMARK(BM_CacheHitPairStream)->Arg(512)->Arg(64 << 10)->Arg(8 << 20)->Threads(1)->Threads(2);
+BENCHMARK(BM_CacheHitPairStream)->Arg(512)->Arg(64 << 10)->Arg(8 << 20)->Threads(1)->Threads(2)->UseRealTime();
 
 // cudaMalloc/cudaFree semantics: every free waits for a fence on the reclaimer thread, so the
 // allocation is served from other fenced cached blocks meanwhile.
@@ -54,7 +54,7 @@ void BM_CacheHitPairAnyStream(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations());
 }
-BENCHMARK(BM_CacheHitPairAnyStream)->Arg(512)->Arg(8 << 20)->Threads(1)->Threads(2);
+BENCHMARK(BM_CacheHitPairAnyStream)->Arg(512)->Arg(8 << 20)->Threads(1)->Threads(2)->UseRealTime();
 
 // Mixed random sizes up to 4 MiB with up to 64 live blocks per thread, stream-ordered.
 void BM_MixedRandom(benchmark::State& state) {
@@ -78,7 +78,7 @@ void BM_MixedRandom(benchmark::State& state) {
   for (DevPtr p : live) pool.deallocate(p, stream);
   state.SetItemsProcessed(state.iterations());
 }
-BENCHMARK(BM_MixedRandom)->Threads(1)->Threads(2);
+BENCHMARK(BM_MixedRandom)->Threads(1)->Threads(2)->UseRealTime();
 
 // A stitch of 1 GiB from 512 scattered 2 MiB holes (simulated mapping costs, not the GPU's).
 void BM_Stitch1GiB(benchmark::State& state) {

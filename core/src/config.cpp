@@ -82,6 +82,12 @@ const std::vector<KeySpec>& key_specs() {
          if (!parse_double(v, &f) || !(f >= 0.0 && f <= 1.0)) return false;
          return c.cap_fraction = f, true;
        }},
+      {"segment_mb", "a size in MiB between 2 and 1048576",
+       [](std::string_view v, Config& c) {
+         std::size_t s;
+         if (!parse_scaled(v, MiB, &s) || s < 2 * MiB || s > 1024 * GiB) return false;
+         return c.segment_size = s, true;
+       }},
       {"stitching", "on or off",
        [](std::string_view v, Config& c) { return parse_bool(v, &c.stitching); }},
       {"reclaim", "thread or inline",

@@ -18,10 +18,23 @@
 //      3 and 4 again; only then out-of-memory.
 // An allocation therefore fails only when the request exceeds device free + pool free memory.
 //
-// Handle size trade-off: a free piece of a partly used handle can be stitched only where the
-// driver maps at a non-zero offset into a handle (Backend::supports_map_offset). Where it cannot,
-// only whole free handles are lent, and the stitched view may come out larger than asked (the
-// surplus stays free in the stitched view).
+// Handle size trade-off: one big handle is cheap to map but can only be lent (stitched) whole;
+// small handles stitch freely but each costs a map and about 27 us of cuMemSetAccess. A free
+// piece of a partly used handle can be stitched only where the driver maps at a non-zero offset
+// into a handle (Backend::supports_map_offset). Measured on an H200 (driver 580, CUDA 13.0,
+// tools/gpu/vmm_probe): cuMemMap at a 2 MiB offset returns CUDA_ERROR_NOT_SUPPORTED, and 1 GiB
+// costs 0.11 ms to create+map+set-access as one handle, about 0.6 ms as 16 x 64 MiB handles and
+// 18 ms as 512 x 2 MiB handles. So where offsets are not supported:
+//   - a fresh allocation larger than segment_mb (64 MiB) is built from segment-sized handles
+//     (mapped side by side, one cuMemSetAccess over the range), so at most one segment of any
+//     block can ever be pinned by a split;
+//   - a cached block is never cut inside a handle: an allocation is rounded up to the next handle
+//     boundary (or takes the block whole) if that wastes at most 1/8; otherwise fresh memory is
+//     taken, and only once the device is full (after stitching) is any waste accepted. So every
+//     free byte always sits in a whole free handle, ready to be stitched;
+//   - stitching lends whole handles, the last one chosen best-fit, and the stitched view may come
+//     out larger than asked (the surplus stays free and lendable in the stitched view).
+// Where offsets are supported, a fresh allocation is one handle and any free block can be lent.
 //
 // Frees never wait for the device: memory is queued with a fence epoch (reclaimer.cpp).
 //
@@ -32,9 +45,16 @@
 
 #include <algorithm>
 #include <ctime>
+#include <thread>
 
 namespace gpustitch::detail {
 namespace {
+
+// The arena whose allocate_small is asking for a chunk, and where to report its events.
+thread_local Arena* tl_arena = nullptr;
+thread_local Outcome* tl_chunk_outcome = nullptr;
+std::atomic<unsigned> next_arena_index{0};
+thread_local unsigned tl_arena_index = UINT32_MAX;
 
 constexpr std::size_t kLargeBuffer = 20 * MiB;  // PyTorch's slack for oversize blocks
 
@@ -48,12 +68,9 @@ std::uint64_t now_ns() {
 }  // namespace
 
 DevicePool::DevicePool(Backend& backend, const Config& config, int device, PoolObserver* observer)
-    : backend_(backend),
-      config_(config),
-      device_(device),
-      observer_(observer),
-      small_(config.small_limit, std::max<std::size_t>(backend.granularity(device), 1)),
-      reclaimer_([this] { return fence_pass(); }) {
+    : backend_(backend), config_(config), device_(device), observer_(observer), reclaimer_([this] {
+        return fence_pass();
+      }) {
   granularity_ = backend_.granularity(device_);
   map_offset_ = backend_.supports_map_offset(device_);
   std::size_t free = 0, total = 0;
@@ -61,11 +78,18 @@ DevicePool::DevicePool(Backend& backend, const Config& config, int device, PoolO
   total_ = total;
   last_device_free_ = free;
   access_.push_back(device_);
+  const unsigned cpus = std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
+  for (unsigned i = 0; i < cpus; ++i) {
+    arenas_.push_back(std::make_unique<Arena>(config_.small_limit,
+                                              std::max<std::size_t>(granularity_, 1),
+                                              static_cast<std::uint16_t>(i)));
+  }
   stats_.device_total = total;
   stats_.device_free = free;
 }
 
 DevicePool::~DevicePool() {
+  reclaimer_.stop();  // no fence pass may run while the views go away
   // Everything is given back, live blocks included: the pool dies with its process (or test).
   std::lock_guard lock(mu_);
   for (auto& [base, v] : views_) {
@@ -107,26 +131,29 @@ bool DevicePool::cap_allows(std::size_t bytes) const noexcept {
 
 Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
                             Outcome* outcome) noexcept {
+  if (!usable_) return Status::not_initialized;
+  if (size < config_.small_limit) {
+    Status s = allocate_small(size, stream, out, outcome);
+    if (s == Status::out_of_memory) {
+      // Empty chunks held by the arenas may be what the large pool lacks: give them back, retry.
+      release_arena_chunks(true);
+      Outcome retry;
+      s = allocate_small(size, stream, out, &retry);
+      if (retry.has_event) outcome->add(retry.event);
+    }
+    if (s == Status::out_of_memory) {
+      std::lock_guard lock(mu_);
+      ++stats_.ooms;
+      backend_.mem_info(device_, &last_device_free_, nullptr);
+      outcome->add(make_event(EventKind::oom, size, 0));
+    }
+    emit(*outcome);
+    return s;
+  }
   Status status = Status::ok;
-  {
-    std::lock_guard lock(mu_);
-    if (!usable_) return Status::not_initialized;
-    current_outcome_ = outcome;
-    const int bucket = histogram_bucket(size);
-    if (size < config_.small_limit) {
-      SmallAlloc a = small_.allocate(size, stream, *this);
-      if (a.ptr == 0) {
-        // take_chunk already fenced, stitched and trimmed: the device is really full.
-        status = Status::out_of_memory;
-      } else {
-        live_.emplace(a.ptr, LiveEntry{nullptr, a.chunk, a.slot});
-        stats_.bytes_allocated += a.chunk->slot_size;
-        outcome->how = ServedBy::small;
-        outcome->size = a.chunk->slot_size;
-        if (!a.from_new_chunk) ++stats_.cache_hits;
-        *out = a.ptr;
-      }
-    } else {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    {
+      std::lock_guard lock(mu_);
       const std::size_t rounded = align_up(size, granularity_);
       Block* b = nullptr;
       status = rounded < size ? Status::out_of_memory
@@ -138,24 +165,132 @@ Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
         stats_.bytes_allocated += b->size;
         outcome->size = b->size;
         *out = b->ptr;
+        const int bucket = histogram_bucket(size);
+        ++stats_.allocs;
+        ++stats_.live_blocks;
+        stats_.bytes_requested += size;
+        ++stats_.hist_allocs[bucket];
+        ++stats_.hist_live[bucket];
+        note_peak();
+        break;
+      }
+      if (status != Status::out_of_memory || attempt == 1) {
+        if (status == Status::out_of_memory) {
+          ++stats_.ooms;
+          backend_.mem_info(device_, &last_device_free_, nullptr);
+          outcome->add(make_event(EventKind::oom, size, 0));
+        }
+        break;
       }
     }
-    if (status == Status::ok) {
-      ++stats_.allocs;
-      ++stats_.live_blocks;
-      stats_.bytes_requested += size;
-      ++stats_.hist_allocs[bucket];
-      ++stats_.hist_live[bucket];
-      stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.bytes_allocated);
-    } else if (status == Status::out_of_memory) {
-      ++stats_.ooms;
-      backend_.mem_info(device_, &last_device_free_, nullptr);
-      outcome->add(make_event(EventKind::oom, size, 0));
-    }
-    current_outcome_ = nullptr;
+    // Out of memory with the large pool alone: fence small frees and take back empty chunks
+    // (the arena locks come before the device lock, so this happens outside it), then retry.
+    release_arena_chunks(true);
   }
   emit(*outcome);
   return status;
+}
+
+void DevicePool::note_peak() noexcept {
+  const std::uint64_t total = stats_.bytes_allocated + small_allocated();
+  stats_.peak_allocated = std::max<std::uint64_t>(stats_.peak_allocated, total);
+}
+
+std::uint64_t DevicePool::small_allocated() const noexcept {
+  std::uint64_t total = 0;
+  for (const auto& a : arenas_) total += a->bytes_allocated.load(std::memory_order_relaxed);
+  return total;
+}
+
+bool DevicePool::arenas_pending() const noexcept {
+  for (const auto& a : arenas_) {
+    if (a->has_pending.load(std::memory_order_relaxed)) return true;
+  }
+  return false;
+}
+
+bool DevicePool::has_pending() const noexcept {
+  return fq_head_ != nullptr || arenas_pending();
+}
+
+Arena& DevicePool::arena_for_thread() noexcept {
+  if (tl_arena_index == UINT32_MAX) tl_arena_index = next_arena_index.fetch_add(1);
+  return *arenas_[tl_arena_index % arenas_.size()];
+}
+
+Status DevicePool::allocate_small(std::size_t size, Stream stream, DevPtr* out,
+                                  Outcome* outcome) noexcept {
+  Arena& a = arena_for_thread();
+  std::lock_guard lock(a.mu);
+  tl_arena = &a;
+  tl_chunk_outcome = outcome;
+  SmallAlloc s = a.small.allocate(size, stream, *this);
+  tl_arena = nullptr;
+  tl_chunk_outcome = nullptr;
+  if (s.ptr == 0) return Status::out_of_memory;
+  a.bytes_allocated.store(a.bytes_allocated.load(std::memory_order_relaxed) + s.chunk->slot_size,
+                          std::memory_order_relaxed);
+  const int bucket = histogram_bucket(size);
+  ++a.allocs;
+  ++a.live_blocks;
+  a.bytes_requested += size;
+  ++a.hist_allocs[bucket];
+  ++a.hist_live[bucket];
+  if (!s.from_new_chunk) ++a.cache_hits;
+  outcome->how = ServedBy::small;
+  outcome->size = s.chunk->slot_size;
+  *out = s.ptr;
+  return Status::ok;
+}
+
+bool DevicePool::deallocate_small(Arena& a, DevPtr ptr, Stream stream, Outcome* outcome) noexcept {
+  std::lock_guard lock(a.mu);
+  // The slot's chunk, found by address; the pointer must be a live slot's start.
+  Chunk* c = a.small.chunk_of(ptr);
+  if (c == nullptr || (ptr - c->base) % c->slot_size != 0) return false;
+  const auto slot = static_cast<std::uint32_t>((ptr - c->base) / c->slot_size);
+  if (slot >= c->nslots || !c->allocated[slot]) return false;
+  const std::size_t requested = c->requested[slot];
+  a.bytes_allocated.store(a.bytes_allocated.load(std::memory_order_relaxed) - c->slot_size,
+                          std::memory_order_relaxed);
+  a.small.free(c, slot, stream, epoch_.load());
+  a.has_pending.store(true, std::memory_order_relaxed);
+  a.bytes_requested -= requested;
+  --a.live_blocks;
+  --a.hist_live[histogram_bucket(requested)];
+  ++a.frees;
+  outcome->size = requested;
+  return true;
+}
+
+void DevicePool::promote_arenas(std::uint64_t epoch) noexcept {
+  for (auto& a : arenas_) {
+    if (!a->has_pending.load(std::memory_order_relaxed)) continue;
+    std::lock_guard lock(a->mu);
+    tl_arena = a.get();
+    a->small.promote(epoch, *this);
+    tl_arena = nullptr;
+    a->has_pending.store(a->small.has_pending(), std::memory_order_relaxed);
+  }
+}
+
+void DevicePool::release_arena_chunks(bool drop_stream_caches) noexcept {
+  std::uint64_t target;
+  {
+    std::lock_guard lock(mu_);
+    target = epoch_.fetch_add(1);
+    if (backend_.synchronize(device_) != Status::ok) return;
+    promote(target);
+  }
+  for (auto& a : arenas_) {
+    std::lock_guard lock(a->mu);
+    if (drop_stream_caches) a->small.drop_stream_caches();
+    tl_arena = a.get();
+    a->small.promote(target, *this);
+    a->small.release_empty(*this);
+    tl_arena = nullptr;
+    a->has_pending.store(a->small.has_pending(), std::memory_order_relaxed);
+  }
 }
 
 Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream stream, Block** out,
@@ -202,9 +337,15 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
         return Status::ok;
       }
     }
+    // The device is full: a cached block may now be split where its remainder gets pinned.
+    if (Block* b = take_cached(rounded, stream, /*relaxed=*/true)) {
+      ++stats_.cache_hits;
+      outcome->how = ServedBy::cache;
+      *out = b;
+      return Status::ok;
+    }
     // Give idle memory back to the driver (whole free views, idle stitched views) and retry:
     // PyTorch's free-cache-and-retry, which also heals fragmentation when stitching is off.
-    small_.drop_stream_caches();
     if (attempt == 0 && trim_locked(0, outcome) == 0) break;
     if (Block* b = take_cached(rounded, stream)) {
       ++stats_.cache_hits;
@@ -216,31 +357,61 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
   return Status::out_of_memory;
 }
 
-Block* DevicePool::take_cached(std::size_t rounded, Stream stream) noexcept {
+Block* DevicePool::take_cached(std::size_t rounded, Stream stream, bool relaxed) noexcept {
   if (stream != kAnyStream && !stream_free_.empty()) {
     auto it = stream_free_.find(stream);
     if (it != stream_free_.end()) {
-      Block* b = take_from(it->second, rounded, true);
+      Block* b = take_from(it->second, rounded, true, relaxed);
       if (it->second.empty()) stream_free_.erase(it);
       if (b != nullptr) return b;
     }
   }
-  return take_from(free_, rounded, false);
+  return take_from(free_, rounded, false, relaxed);
 }
 
-Block* DevicePool::take_from(FreeSet& set, std::size_t rounded, bool pending) noexcept {
+// Where to cut b for an allocation of rounded bytes: rounded itself, b->size (use it whole), or
+// 0 (do not use b). Without offset mapping, a remainder that starts inside a handle cannot be
+// lent to a stitch, so the cut goes on a handle boundary when that wastes little.
+std::size_t DevicePool::split_point(const Block* b, std::size_t rounded,
+                                    bool relaxed) const noexcept {
+  if (b->size == rounded || map_offset_ || relaxed) return rounded;
+  const View* v = b->view;
+  const std::size_t cut = b->ptr + rounded - v->base;  // offset of the cut in the view
+  std::size_t boundary = 0;
+  for (const Piece& p : v->pieces) {
+    if (p.offset + p.size >= cut) {
+      boundary = p.offset == cut ? cut : p.offset + p.size;
+      break;
+    }
+  }
+  const std::size_t to_boundary = boundary - (b->ptr - v->base);
+  // Never cut inside a handle: the rest of it could not be lent. Round up to the boundary (or
+  // use the block whole) if that wastes little, or whatever it wastes once the device is full.
+  const std::size_t cut_at = std::min(to_boundary, b->size);
+  return relaxed || cut_at - rounded <= rounded / 8 ? cut_at : 0;
+}
+
+Block* DevicePool::take_from(FreeSet& set, std::size_t rounded, bool pending,
+                             bool relaxed) noexcept {
   Block probe;
   probe.size = rounded;
   probe.ptr = 0;
-  auto it = set.lower_bound(&probe);
-  if (it == set.end()) return nullptr;
-  Block* b = *it;
   const std::size_t max_split = config_.max_split_size;
-  if (rounded < max_split && b->size >= max_split) return nullptr;
-  if (rounded >= max_split && b->size >= rounded + kLargeBuffer) return nullptr;
+  auto it = set.lower_bound(&probe);
+  std::size_t cut = 0;
+  // Best fit; without offset mapping, the few next candidates too, for one with a good cut.
+  for (int tries = 0; it != set.end() && tries < 8; ++it, ++tries) {
+    const Block* b = *it;
+    if (rounded < max_split && b->size >= max_split) return nullptr;
+    if (rounded >= max_split && b->size >= rounded + kLargeBuffer) return nullptr;
+    cut = b->size >= max_split ? b->size : split_point(b, rounded, relaxed);
+    if (cut != 0) break;
+  }
+  if (it == set.end() || cut == 0) return nullptr;
+  Block* b = *it;
   set.erase(it);
-  if (b->size > rounded && b->size < max_split) {
-    Block* rest = split(b, rounded);
+  if (b->size > cut) {
+    Block* rest = split(b, cut);
     if (pending) {
       // The remainder stays queued for its fence, right where b was, and reusable by the stream.
       fq_insert_after(b, rest);
@@ -263,30 +434,48 @@ Status DevicePool::map_access(DevPtr ptr, std::size_t size) noexcept {
 
 Status DevicePool::create_fresh(std::size_t rounded, Block** out) noexcept {
   if (!cap_allows(rounded)) return Status::out_of_memory;
-  PhysHandle h = 0;
-  if (Status s = backend_.create(device_, rounded, &h); s != Status::ok) return s;
+  // One handle, or segment-sized handles where only whole handles can be stitched later.
+  const std::size_t segment = std::max(align_up(config_.segment_size, granularity_), granularity_);
+  std::vector<Handle*> handles;
+  auto release_all = [&] {
+    for (Handle* h : handles) {
+      backend_.release(h->id);
+      delete h;
+    }
+    return Status::out_of_memory;
+  };
+  for (std::size_t done = 0; done < rounded;) {
+    const std::size_t size = map_offset_ ? rounded : std::min(segment, rounded - done);
+    PhysHandle h = 0;
+    if (backend_.create(device_, size, &h) != Status::ok) return release_all();
+    handles.push_back(new Handle{h, size, 1});
+    done += size;
+  }
   DevPtr va = 0;
-  if (backend_.reserve(device_, rounded, &va) != Status::ok) {
-    backend_.release(h);
-    return Status::out_of_memory;
+  if (backend_.reserve(device_, rounded, &va) != Status::ok) return release_all();
+  std::size_t off = 0, mapped = 0;
+  for (; mapped < handles.size(); ++mapped) {
+    if (backend_.map(va + off, handles[mapped]->size, handles[mapped]->id, 0) != Status::ok) break;
+    off += handles[mapped]->size;
   }
-  if (backend_.map(va, rounded, h, 0) != Status::ok) {
+  if (mapped < handles.size() || map_access(va, rounded) != Status::ok) {
+    off = 0;
+    for (std::size_t i = 0; i < mapped; ++i) {
+      backend_.unmap(va + off, handles[i]->size);
+      off += handles[i]->size;
+    }
     backend_.unreserve(va, rounded);
-    backend_.release(h);
-    return Status::out_of_memory;
+    return release_all();
   }
-  if (map_access(va, rounded) != Status::ok) {
-    backend_.unmap(va, rounded);
-    backend_.unreserve(va, rounded);
-    backend_.release(h);
-    return Status::out_of_memory;
-  }
-  auto* handle = new Handle{h, rounded, 1};
   auto* view = new View;
   view->base = va;
   view->size = rounded;
-  view->pieces.push_back(Piece{0, rounded, handle, 0});
-  view->owned.push_back(handle);
+  off = 0;
+  for (Handle* h : handles) {
+    view->pieces.push_back(Piece{off, h->size, h, 0});
+    view->owned.push_back(h);
+    off += h->size;
+  }
   auto* b = new Block;
   b->ptr = va;
   b->size = rounded;
@@ -296,7 +485,7 @@ Status DevicePool::create_fresh(std::size_t rounded, Block** out) noexcept {
   views_.emplace(va, view);
   stats_.bytes_reserved += rounded;
   stats_.bytes_mapped += rounded;
-  ++stats_.handles;
+  stats_.handles += handles.size();
   ++stats_.views;
   stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.bytes_reserved);
   *out = b;
@@ -311,17 +500,14 @@ void DevicePool::lendable(Block* b, std::vector<Segment>* out) const noexcept {
     out->push_back({b->ptr, b->size});
     return;
   }
-  // Without offset mapping only whole handles, mapped whole, can be lent.
+  // Without offset mapping only whole handles, mapped whole, can be lent: one segment each, so
+  // that a stitch takes no more handles than it needs.
   const View* v = b->view;
   for (const Piece& p : v->pieces) {
     DevPtr start = v->base + p.offset;
     if (start < b->ptr || start + p.size > b->end()) continue;
     if (p.handle_offset != 0 || p.size != p.handle->size) continue;
-    if (!out->empty() && out->back().ptr + out->back().size == start) {
-      out->back().size += p.size;
-    } else {
-      out->push_back({start, p.size});
-    }
+    out->push_back({start, p.size});
   }
 }
 
@@ -356,18 +542,22 @@ Status DevicePool::stitch(std::size_t rounded, Block** out, std::size_t* pieces)
   for (auto it = free_.rbegin(); it != free_.rend(); ++it) lendable(*it, &segments);
   std::stable_sort(segments.begin(), segments.end(),
                    [](const Segment& a, const Segment& b) { return a.size > b.size; });
+  // Largest first; once one segment can cover what is left, the smallest such one (least surplus
+  // where handles cannot be cut).
   std::vector<Segment> chosen;
   std::size_t taken = 0;
-  for (const Segment& s : segments) {
-    if (taken >= rounded) break;
-    std::size_t want = rounded - taken;
-    if (s.size <= want || !map_offset_) {
-      chosen.push_back(s);  // whole (without offset mapping a handle cannot be cut)
-      taken += s.size;
-    } else {
-      chosen.push_back({s.ptr, want});
-      taken += want;
+  for (std::size_t i = 0; i < segments.size() && taken < rounded;) {
+    const std::size_t want = rounded - taken;
+    std::size_t j = i;
+    while (j + 1 < segments.size() && segments[j + 1].size >= want) ++j;
+    if (segments[j].size >= want) {
+      chosen.push_back(map_offset_ ? Segment{segments[j].ptr, want} : segments[j]);
+      taken += chosen.back().size;
+      break;
     }
+    chosen.push_back(segments[i]);
+    taken += segments[i].size;
+    ++i;
   }
   if (chosen.empty()) return Status::out_of_memory;  // nothing cached: stitching cannot help
   const std::size_t extra = taken < rounded ? rounded - taken : 0;
@@ -440,11 +630,15 @@ Status DevicePool::stitch(std::size_t rounded, Block** out, std::size_t* pieces)
   }
   auto* alloc = new Block;
   alloc->ptr = va;
-  alloc->size = rounded;
+  alloc->size = total;
   alloc->view = view;
   alloc->state = BlockState::allocated;
   view->first = alloc;
-  if (total > rounded) free_.insert(split(alloc, rounded));
+  if (total > rounded) {
+    Block* surplus = split(alloc, rounded);  // whole handles beyond the request stay cached
+    surplus->state = BlockState::free;
+    free_.insert(surplus);
+  }
   views_.emplace(va, view);
   stats_.bytes_mapped += total;
   ++stats_.views;
@@ -560,35 +754,35 @@ void DevicePool::dissolve(View* v) noexcept {
 // Free
 
 Status DevicePool::deallocate(DevPtr ptr, Stream stream, Outcome* outcome) noexcept {
-  {
+  if (!usable_) return Status::invalid_value;
+  Arena& mine = arena_for_thread();
+  bool done = deallocate_small(mine, ptr, stream, outcome);
+  if (!done) {
     std::lock_guard lock(mu_);
     auto it = live_.find(ptr);
-    if (it == live_.end()) return Status::invalid_value;
-    LiveEntry e = it->second;
-    live_.erase(it);
-    std::size_t requested = 0;
-    if (e.chunk != nullptr) {
-      requested = e.chunk->requested[e.slot];
-      stats_.bytes_allocated -= e.chunk->slot_size;
-      small_.free(e.chunk, e.slot, stream, epoch_);
-    } else {
-      Block* b = e.block;
-      requested = b->requested;
+    if (it != live_.end()) {
+      Block* b = it->second.block;
+      live_.erase(it);
+      stats_.bytes_requested -= b->requested;
+      --stats_.live_blocks;
+      --stats_.hist_live[histogram_bucket(b->requested)];
+      ++stats_.frees;
+      outcome->size = b->requested;
       stats_.bytes_allocated -= b->size;
       b->state = BlockState::pending;
-      b->epoch = epoch_;
+      b->epoch = epoch_.load();
       b->stream = stream;
       fq_push(b);
       stats_.bytes_pending += b->size;
       if (stream != kAnyStream) stream_free_[stream].insert(b);
+      done = true;
     }
-    stats_.bytes_requested -= requested;
-    --stats_.live_blocks;
-    --stats_.hist_live[histogram_bucket(requested)];
-    ++stats_.frees;
-    outcome->size = requested;
-    if (config_.background_reclaim) reclaimer_.kick();
   }
+  for (std::size_t i = 0; !done && i < arenas_.size(); ++i) {
+    if (arenas_[i].get() != &mine) done = deallocate_small(*arenas_[i], ptr, stream, outcome);
+  }
+  if (!done) return Status::invalid_value;
+  if (config_.background_reclaim) reclaimer_.kick();
   return Status::ok;
 }
 
@@ -609,11 +803,11 @@ void DevicePool::promote(std::uint64_t epoch) noexcept {
     }
     make_free(b);
   }
-  small_.promote(epoch, *this);
 }
 
+// Fences the large pool only: the arenas' locks come before the device lock.
 void DevicePool::fence_locked() noexcept {
-  const std::uint64_t target = epoch_++;
+  const std::uint64_t target = epoch_.fetch_add(1);
   if (backend_.synchronize(device_) == Status::ok) promote(target);
 }
 
@@ -622,10 +816,11 @@ bool DevicePool::fence_pass() noexcept {
   {
     std::lock_guard lock(mu_);
     if (!has_pending()) return false;
-    target = epoch_++;
+    target = epoch_.fetch_add(1);
   }
   // The device is waited for without the lock: allocations and frees go on meanwhile.
   if (backend_.synchronize(device_) != Status::ok) return false;
+  promote_arenas(target);
   Outcome outcome;
   bool more;
   {
@@ -639,15 +834,14 @@ bool DevicePool::fence_pass() noexcept {
 }
 
 void DevicePool::drain_pending() noexcept {
-  std::lock_guard lock(mu_);
-  small_.drop_stream_caches();
-  // Under the lock nothing new is freed, so one fence covers every pending free.
-  if (has_pending()) fence_locked();
+  // Under the locks nothing new is freed before the fence, so one fence covers every free.
+  release_arena_chunks(true);
 }
 
 void DevicePool::maybe_release_locked(Outcome* outcome) noexcept {
   if (config_.release_threshold == SIZE_MAX) return;
-  if (stats_.bytes_reserved - stats_.bytes_allocated > config_.release_threshold) {
+  if (stats_.bytes_reserved - stats_.bytes_allocated - small_allocated() >
+      config_.release_threshold) {
     trim_locked(config_.release_threshold, outcome);
   }
 }
@@ -655,9 +849,8 @@ void DevicePool::maybe_release_locked(Outcome* outcome) noexcept {
 std::size_t DevicePool::trim_locked(std::size_t keep, Outcome* outcome) noexcept {
   const std::size_t reserved_before = stats_.bytes_reserved;
   std::size_t handles_before = stats_.handles;
-  auto cached = [&] { return stats_.bytes_reserved - stats_.bytes_allocated; };
+  auto cached = [&] { return stats_.bytes_reserved - stats_.bytes_allocated - small_allocated(); };
   if (cached() <= keep) return 0;
-  small_.release_empty(*this);
   // Idle stitched views first: dissolving one gives its borrowed blocks back to their views,
   // which may then be wholly free. Repeat for stitched views built from stitched views.
   for (bool changed = true; changed;) {
@@ -690,10 +883,12 @@ std::size_t DevicePool::trim_locked(std::size_t keep, Outcome* outcome) noexcept
 }
 
 std::size_t DevicePool::trim(Outcome* outcome) noexcept {
-  std::lock_guard lock(mu_);
-  small_.drop_stream_caches();
-  if (has_pending()) fence_locked();
-  std::size_t released = trim_locked(0, outcome);
+  release_arena_chunks(true);
+  std::size_t released;
+  {
+    std::lock_guard lock(mu_);
+    released = trim_locked(0, outcome);
+  }
   emit(*outcome);
   return released;
 }
@@ -702,17 +897,20 @@ std::size_t DevicePool::trim(Outcome* outcome) noexcept {
 // Chunks for the small pool
 
 Block* DevicePool::take_chunk(std::size_t size) noexcept {
+  std::lock_guard lock(mu_);
   Block* b = nullptr;
   Outcome scratch;
-  Outcome* outcome = current_outcome_ != nullptr ? current_outcome_ : &scratch;
+  Outcome* outcome = tl_chunk_outcome != nullptr ? tl_chunk_outcome : &scratch;
   if (allocate_large(size, size, kAnyStream, &b, outcome) != Status::ok) return nullptr;
   b->small_chunk = true;
+  b->arena = tl_arena != nullptr ? tl_arena->id : 0;
   b->requested = size;
   b->stream = kAnyStream;
   return b;
 }
 
 void DevicePool::return_chunk(Block* b) noexcept {
+  std::lock_guard lock(mu_);
   b->small_chunk = false;
   make_free(b);  // every slot was fenced before the chunk came back
 }
@@ -720,20 +918,22 @@ void DevicePool::return_chunk(Block* b) noexcept {
 // ---------------------------------------------------------------------------------------------
 // Queries
 
-bool DevicePool::owns_live(DevPtr ptr) const noexcept {
-  std::lock_guard lock(mu_);
-  return live_.count(ptr) != 0;
-}
-
 bool DevicePool::find(DevPtr ptr, BlockInfo* out) const noexcept {
-  std::lock_guard lock(mu_);
-  Block* b = block_at(ptr);
-  if (b == nullptr || b->state != BlockState::allocated) return false;
-  if (!b->small_chunk) {
-    if (out != nullptr) *out = BlockInfo{b->ptr, b->requested, b->size, device_, b->stream};
-    return true;
+  std::uint16_t arena = 0;
+  {
+    std::lock_guard lock(mu_);
+    Block* b = block_at(ptr);
+    if (b == nullptr || b->state != BlockState::allocated) return false;
+    if (!b->small_chunk) {
+      if (out != nullptr) *out = BlockInfo{b->ptr, b->requested, b->size, device_, b->stream};
+      return true;
+    }
+    arena = b->arena;
   }
-  Chunk* c = small_.chunk_of(ptr);
+  if (arena >= arenas_.size()) return false;
+  Arena& a = *arenas_[arena];
+  std::lock_guard lock(a.mu);
+  Chunk* c = a.small.chunk_of(ptr);
   if (c == nullptr) return false;
   const std::size_t slot = (ptr - c->base) / c->slot_size;
   if (slot >= c->nslots || !c->allocated[slot]) return false;
@@ -770,7 +970,8 @@ Status DevicePool::mem_info(std::size_t* free, std::size_t* total) noexcept {
   const std::size_t cap = cap_bytes();
   std::size_t headroom = stats_.bytes_reserved >= cap ? 0 : cap - stats_.bytes_reserved;
   if (free != nullptr) {
-    *free = std::min(device_free, headroom) + (stats_.bytes_reserved - stats_.bytes_allocated);
+    *free = std::min(device_free, headroom) +
+            (stats_.bytes_reserved - stats_.bytes_allocated - small_allocated());
   }
   if (total != nullptr) *total = std::min(device_total, cap);
   return Status::ok;
@@ -796,8 +997,35 @@ std::size_t DevicePool::largest_possible_locked(std::size_t device_free) const n
 DeviceStats DevicePool::stats() const noexcept {
   std::size_t device_free = 0, device_total = 0;
   const bool have_info = backend_.mem_info(device_, &device_free, &device_total) == Status::ok;
+  DeviceStats s;
+  std::uint64_t small_bytes = 0;
+  for (const auto& a : arenas_) {
+    std::lock_guard lock(a->mu);
+    s.allocs += a->allocs;
+    s.frees += a->frees;
+    s.cache_hits += a->cache_hits;
+    s.bytes_requested += a->bytes_requested;
+    s.live_blocks += a->live_blocks;
+    small_bytes += a->bytes_allocated.load(std::memory_order_relaxed);
+    for (int i = 0; i < kHistogramBuckets; ++i) {
+      s.hist_allocs[i] += a->hist_allocs[i];
+      s.hist_live[i] += a->hist_live[i];
+    }
+  }
   std::lock_guard lock(mu_);
-  DeviceStats s = stats_;
+  const DeviceStats small = s;
+  s = stats_;
+  s.allocs += small.allocs;
+  s.frees += small.frees;
+  s.cache_hits += small.cache_hits;
+  s.bytes_requested += small.bytes_requested;
+  s.live_blocks += small.live_blocks;
+  s.bytes_allocated += small_bytes;
+  for (int i = 0; i < kHistogramBuckets; ++i) {
+    s.hist_allocs[i] += small.hist_allocs[i];
+    s.hist_live[i] += small.hist_live[i];
+  }
+  s.peak_allocated = std::max(s.peak_allocated, s.bytes_allocated);
   if (!have_info) device_free = last_device_free_;
   s.device_free = device_free;
   s.device_total = have_info ? device_total : total_;
@@ -815,10 +1043,13 @@ PoolEvent DevicePool::make_event(EventKind kind, std::uint64_t size,
   e.time_ns = now_ns();
   e.size = size;
   e.device_free = last_device_free_;
-  e.cached = stats_.bytes_reserved - stats_.bytes_allocated;
+  e.cached = stats_.bytes_reserved - stats_.bytes_allocated - small_allocated();
   e.largest_possible = usable_ ? largest_possible_locked(last_device_free_) : 0;
   e.pieces = pieces;
-  e.fragmentation = stats_.fragmentation();
+  e.fragmentation = stats_.bytes_reserved == 0
+                        ? 0.0
+                        : 1.0 - static_cast<double>(stats_.bytes_allocated + small_allocated()) /
+                                    static_cast<double>(stats_.bytes_reserved);
   return e;
 }
 

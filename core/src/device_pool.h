@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "arena.h"
 #include "gpustitch/backend.h"
 #include "gpustitch/config.h"
 #include "gpustitch/pool.h"
@@ -44,7 +45,6 @@ class DevicePool final : private ChunkSource {
   Status allocate(std::size_t size, Stream stream, DevPtr* out, Outcome* outcome) noexcept;
   // Returns invalid_value for pointers this device's pool did not hand out.
   Status deallocate(DevPtr ptr, Stream stream, Outcome* outcome) noexcept;
-  bool owns_live(DevPtr ptr) const noexcept;
   bool find(DevPtr ptr, BlockInfo* out) const noexcept;
   std::size_t trim(Outcome* outcome) noexcept;
   Status grant_peer_access(int peer) noexcept;
@@ -81,8 +81,10 @@ class DevicePool final : private ChunkSource {
   // --- allocation paths (lock held) ---
   Status allocate_large(std::size_t size, std::size_t rounded, Stream stream, Block** out,
                         Outcome* outcome) noexcept;
-  Block* take_cached(std::size_t rounded, Stream stream) noexcept;
-  Block* take_from(FreeSet& set, std::size_t rounded, bool pending) noexcept;
+  // relaxed: may split a block where the remainder cannot be lent (see device_pool.cpp).
+  Block* take_cached(std::size_t rounded, Stream stream, bool relaxed = false) noexcept;
+  Block* take_from(FreeSet& set, std::size_t rounded, bool pending, bool relaxed) noexcept;
+  std::size_t split_point(const Block* b, std::size_t rounded, bool relaxed) const noexcept;
   Status create_fresh(std::size_t rounded, Block** out) noexcept;
   Status stitch(std::size_t rounded, Block** out, std::size_t* pieces) noexcept;
   bool cap_allows(std::size_t bytes) const noexcept;
@@ -103,15 +105,25 @@ class DevicePool final : private ChunkSource {
   Status map_access(DevPtr ptr, std::size_t size) noexcept;
 
   // --- fencing (see reclaimer.cpp) ---
-  bool has_pending() const noexcept { return fq_head_ != nullptr || small_.has_pending(); }
+  bool has_pending() const noexcept;  // lock held
+  bool arenas_pending() const noexcept;
   bool fence_pass() noexcept;    // reclaimer thread entry: unlocked
   void fence_locked() noexcept;  // slow path: fence with the lock held
   void promote(std::uint64_t epoch) noexcept;
   std::size_t trim_locked(std::size_t keep, Outcome* outcome) noexcept;
   void maybe_release_locked(Outcome* outcome) noexcept;
 
-  // --- ChunkSource for the small pool ---
-  Block* take_chunk(std::size_t size) noexcept override;
+  // --- small objects (arena.h) ---
+  Arena& arena_for_thread() noexcept;
+  Status allocate_small(std::size_t size, Stream stream, DevPtr* out, Outcome* outcome) noexcept;
+  bool deallocate_small(Arena& a, DevPtr ptr, Stream stream, Outcome* outcome) noexcept;
+  void promote_arenas(std::uint64_t epoch) noexcept;            // device lock NOT held
+  void release_arena_chunks(bool drop_stream_caches) noexcept;  // device lock NOT held
+  std::uint64_t small_allocated() const noexcept;
+  void note_peak() noexcept;  // lock held
+
+  // --- ChunkSource for the arenas: take the device lock themselves ---
+  Block* take_chunk(std::size_t size) noexcept override;  // for the arena in tl_arena_
   void return_chunk(Block* block) noexcept override;
 
   void emit(const Outcome& outcome) noexcept;
@@ -136,11 +148,10 @@ class DevicePool final : private ChunkSource {
   std::unordered_map<DevPtr, LiveEntry> live_;
   Block* fq_head_ = nullptr;
   Block* fq_tail_ = nullptr;
-  std::uint64_t epoch_ = 1;
-  SmallPool small_;
+  std::atomic<std::uint64_t> epoch_{1};
+  std::vector<std::unique_ptr<Arena>> arenas_;
   DeviceStats stats_;
   std::size_t last_device_free_ = 0;
-  Outcome* current_outcome_ = nullptr;  // while allocate() runs, for events of chunk allocations
   Reclaimer reclaimer_;
 };
 

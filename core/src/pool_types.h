@@ -36,6 +36,7 @@ struct Block {
   Block* next = nullptr;
   BlockState state = BlockState::free;
   bool small_chunk = false;  // allocated to the small-object pool as a chunk
+  std::uint16_t arena = 0;   // small_chunk: the arena that owns it
   // allocated: what the caller asked for, and on which stream.
   std::size_t requested = 0;
   Stream stream = kAnyStream;

@@ -32,9 +32,14 @@ constexpr int kLingerRounds = 100;  // about 100 ms of polling before sleeping
 Reclaimer::Reclaimer(std::function<bool()> pass) : pass_(std::move(pass)) {}
 
 Reclaimer::~Reclaimer() {
+  stop();
+}
+
+void Reclaimer::stop() noexcept {
   {
     std::lock_guard lock(mu_);
     stop_ = true;
+    started_.store(true);  // a later kick must not start a thread
   }
   cv_.notify_all();
   if (thread_ && thread_->joinable()) thread_->join();

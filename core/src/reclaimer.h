@@ -22,6 +22,8 @@ class Reclaimer {
   void kick() noexcept;
   // In a fork child: the thread does not exist there; forget it (a later kick starts a new one).
   void forget_after_fork() noexcept;
+  // Stops and joins the thread; kicks after this do nothing.
+  void stop() noexcept;
 
  private:
   void run();

@@ -495,3 +495,52 @@ TEST(Pool, ConcurrentThreadsNeverShareMemory) {
   EXPECT_EQ(failures.load(), 0);
   EXPECT_EQ(pool.stats(0).live_blocks, 0u);
 }
+
+// The same story where the driver cannot map at an offset into a handle (the H200 with driver 580
+// and CUDA 13.0): segments are built from 64 MiB handles and cut only on handle boundaries, so the
+// holes are whole handles, scattered between live tensors of partly used segments.
+class SeedsScenarioWholeHandles : public ::testing::TestWithParam<bool> {};
+
+TEST_P(SeedsScenarioWholeHandles, TwoGiBFitsInScatteredHandlesOnlyWithStitching) {
+  const bool stitching = GetParam();
+  TestDevice dev = make_test_device({.capacity = 40 * GiB, .map_offset = false});
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs a 40 GiB simulated device";
+  Config c = inline_config();
+  c.stitching = stitching;
+  Pool pool(*dev.backend, c);
+  std::vector<DevPtr> segs(20);
+  for (auto& s : segs) ASSERT_EQ(pool.allocate(0, 2 * GiB, kAnyStream, &s), Status::ok);
+  for (auto s : segs) ASSERT_EQ(pool.deallocate(s), Status::ok);
+  pool.drain_pending(0);
+  std::vector<DevPtr> tensors(20 * 32);
+  for (auto& t : tensors) ASSERT_EQ(pool.allocate(0, 64 * MiB, kAnyStream, &t), Status::ok);
+  EXPECT_EQ(pool.stats(0).fresh, 20u) << "64 MiB tensors must come from the cached segments";
+  std::vector<DevPtr> kept;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (i % 2 == 1 && i < 2 * 296) {  // 296 holes of 64 MiB: 18.5 GiB, none adjacent
+      ASSERT_EQ(pool.deallocate(tensors[i]), Status::ok);
+    } else {
+      kept.push_back(tensors[i]);
+      stamp(dev, tensors[i], 64 * MiB, tensors[i]);
+    }
+  }
+  pool.drain_pending(0);
+  DeviceStats before = pool.stats(0);
+  EXPECT_EQ(before.bytes_cached, 18 * GiB + 512 * MiB);
+  EXPECT_EQ(before.largest_free_block, 64 * MiB);
+  DevPtr big = 0;
+  Status s = pool.allocate(0, 2 * GiB, kAnyStream, &big);
+  if (!stitching) {
+    EXPECT_EQ(s, Status::out_of_memory);
+    return;
+  }
+  ASSERT_EQ(s, Status::ok);
+  EXPECT_EQ(pool.stats(0).stitches, 1u);
+  EXPECT_EQ(pool.stats(0).bytes_reserved, before.bytes_reserved);
+  stamp(dev, big, 2 * GiB, 0xfeed);
+  EXPECT_TRUE(check(dev, big, 2 * GiB, 0xfeed));
+  for (DevPtr t : kept) ASSERT_TRUE(check(dev, t, 64 * MiB, t));
+}
+
+INSTANTIATE_TEST_SUITE_P(StitchingOnOff, SeedsScenarioWholeHandles, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "on" : "off"; });

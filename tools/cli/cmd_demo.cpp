@@ -20,13 +20,14 @@ struct DemoOptions {
   int steps = 200;
   unsigned seed = 1;
   int batch = 3;
+  std::string conf;  // extra GPUSTITCH_CONF-style keys
 };
 
 int run_demo(const DemoOptions& opt, const GlobalOptions& global) {
   Config base;
-  auto parsed = parse_config("backend:" + opt.backend);
+  auto parsed = parse_config("backend:" + opt.backend + "," + opt.conf);
   if (!parsed.errors.empty()) {
-    std::cerr << "gpustitch demo: --backend must be auto, cuda or sim\n";
+    for (const auto& e : parsed.errors) std::cerr << "gpustitch demo: " << e << "\n";
     return kUsage;
   }
   base = parsed.config;
@@ -121,6 +122,7 @@ Registrar reg{
       sub.add_option("--steps", opt->steps, "Training steps per run")->capture_default_str();
       sub.add_option("--seed", opt->seed, "Random seed")->capture_default_str();
       sub.add_option("--batch", opt->batch, "Batch size")->capture_default_str();
+      sub.add_option("--conf", opt->conf, "Extra configuration, GPUSTITCH_CONF style (k:v,...)");
       return [opt, &global] { return run_demo(*opt, global); };
     }};
 

@@ -30,6 +30,9 @@ struct Config {
   std::size_t cap = 0;                       // cap_mb: most physical memory per device
   double cap_fraction = 0.0;                 // cap_fraction: of the device's total
   bool stitching = true;                     // stitching:on|off
+  // Where the driver cannot map at an offset into a handle (so only whole handles can be
+  // stitched), fresh allocations above this size are built from handles of this size.
+  std::size_t segment_size = 64 * MiB;  // segment_mb
   // Frees wait for device work on a background thread (thread), or only when an allocation
   // needs their memory (inline: deterministic, for tests and replay).
   bool background_reclaim = true;  // reclaim:thread|inline

@@ -1,0 +1,389 @@
+// alloc_latency: what one allocation and one free cost on the GPU, side by side in one run.
+//
+// Rows, for sizes 512 B, 64 KiB, 2 MiB, 64 MiB, 1 GiB and a random mix of sizes <= 4 MiB:
+//  - cudaMalloc / cudaFree;
+//  - cudaMallocAsync / cudaFreeAsync on the device's default memory pool, warm, with its release
+//    threshold at UINT64_MAX (nothing goes back to the driver), no synchronisation in the loop;
+//  - gpustitch::Pool on the CUDA backend, in process: stream-ordered (cudaMallocAsync semantics)
+//    and with cudaFree semantics (kAnyStream: freed memory is reusable after a device fence,
+//    which the pool's reclaimer takes off the hot path).
+// Each operation is timed alone (steady_clock, ~20 ns of overhead included); we report median and
+// p99 of alloc, of free, and of the pair, in nanoseconds.
+//
+// Then the cost of one large allocation (256 MiB, 2 GiB) against cudaMalloc of the same size:
+// a fresh pool allocation (one new physical handle), and a stitched one (the pool is capped so
+// fresh memory is refused, and holds the size in cached 2 MiB or 64 MiB pieces).
+//
+// The same binary is built twice: with the static CUDA runtime (nvcc's default) and with
+// -cudart shared. Run under LD_PRELOAD=libgpustitch.so, the cudaMalloc and cudaMallocAsync rows
+// measure the shim (the header says whether libgpustitch is loaded: it exports gpustitch_malloc).
+//
+// Usage: alloc_latency [--json PATH] [--quick]
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "gpustitch/cuda_backend.h"
+#include "gpustitch/pool.h"
+
+#ifndef GPUSTITCH_CUDART_LINKAGE
+#define GPUSTITCH_CUDART_LINKAGE "static"
+#endif
+
+using gpustitch::DevPtr;
+using gpustitch::GiB;
+using gpustitch::KiB;
+using gpustitch::MiB;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+#define CUDA_CHECK(call)                                                                       \
+  do {                                                                                         \
+    const cudaError_t e_ = (call);                                                             \
+    if (e_ != cudaSuccess) {                                                                   \
+      std::printf("FAIL: %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                            \
+    }                                                                                          \
+  } while (0)
+
+double ns_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::nano>(b - a).count();
+}
+
+struct Stat {
+  double median = 0, p99 = 0;
+};
+Stat summarize(std::vector<double> v) {
+  Stat s;
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  s.median = v[v.size() / 2];
+  s.p99 = v[std::min(v.size() - 1, static_cast<std::size_t>(v.size() * 0.99))];
+  return s;
+}
+
+struct Row {
+  std::string allocator, size;
+  int ops = 0;
+  Stat alloc, free, pair;
+};
+std::vector<Row> rows;
+
+struct LargeRow {
+  std::string what;
+  std::size_t size;
+  double pool_us = 0, cuda_malloc_us = 0;
+  bool ok = false;
+  std::string note;
+};
+std::vector<LargeRow> large_rows;
+
+// An allocator under test: alloc(size) -> pointer or null, free(pointer).
+struct Allocator {
+  std::string name;
+  std::function<void*(std::size_t)> alloc;
+  std::function<void(void*)> free;
+};
+
+void measure(const Allocator& a, const std::string& size_name,
+             const std::vector<std::size_t>& sizes, int warmup) {
+  std::vector<double> t_alloc, t_free, t_pair;
+  t_alloc.reserve(sizes.size());
+  t_free.reserve(sizes.size());
+  t_pair.reserve(sizes.size());
+  for (int i = 0; i < warmup; ++i) {
+    void* p = a.alloc(sizes[i % sizes.size()]);
+    if (p != nullptr) a.free(p);
+  }
+  int failed = 0;
+  for (std::size_t size : sizes) {
+    const auto t0 = Clock::now();
+    void* p = a.alloc(size);
+    const auto t1 = Clock::now();
+    if (p == nullptr) {
+      ++failed;
+      continue;
+    }
+    a.free(p);
+    const auto t2 = Clock::now();
+    t_alloc.push_back(ns_between(t0, t1));
+    t_free.push_back(ns_between(t1, t2));
+    t_pair.push_back(ns_between(t0, t2));
+  }
+  if (failed > 0)
+    std::fprintf(stderr, "%s %s: %d allocations failed\n", a.name.c_str(), size_name.c_str(),
+                 failed);
+  rows.push_back({a.name, size_name, static_cast<int>(t_pair.size()), summarize(t_alloc),
+                  summarize(t_free), summarize(t_pair)});
+  std::fprintf(stderr, "  %-36s %-10s pair median %10.0f ns\n", a.name.c_str(), size_name.c_str(),
+               rows.back().pair.median);
+}
+
+double cuda_malloc_us(std::size_t size, int reps) {
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    void* p = nullptr;
+    const auto t0 = Clock::now();
+    CUDA_CHECK(cudaMalloc(&p, size));
+    t.push_back(ns_between(t0, Clock::now()) / 1000);
+    CUDA_CHECK(cudaFree(p));
+  }
+  return summarize(t).median;
+}
+
+// One fresh allocation of size from an empty pool.
+LargeRow pool_fresh(gpustitch::Backend& backend, std::size_t size, int reps) {
+  LargeRow row{"pool, fresh (one new handle)", size};
+  std::vector<double> t;
+  gpustitch::Pool pool(backend, gpustitch::Config{});
+  for (int r = 0; r < reps; ++r) {
+    const auto before = pool.stats(0);
+    DevPtr p = 0;
+    const auto t0 = Clock::now();
+    const auto st = pool.allocate(0, size, gpustitch::kAnyStream, &p);
+    const double us = ns_between(t0, Clock::now()) / 1000;
+    if (st != gpustitch::Status::ok) {
+      row.note = std::string("allocate: ") + gpustitch::to_string(st);
+      return row;
+    }
+    if (pool.stats(0).fresh == before.fresh) row.note = "not served fresh";
+    t.push_back(us);
+    pool.deallocate(p);
+    pool.drain_pending(0);
+    pool.trim(0);
+  }
+  row.pool_us = summarize(t).median;
+  row.ok = row.note.empty();
+  return row;
+}
+
+// One stitched allocation of size: a pool capped at size holds it as cached pieces of piece
+// bytes, so it can only be served by stitching them.
+LargeRow pool_stitched(gpustitch::Backend& backend, std::size_t size, std::size_t piece, int reps) {
+  char what[96];
+  std::snprintf(what, sizeof what, "pool, stitched from %zu x %zu MiB", size / piece, piece / MiB);
+  LargeRow row{what, size};
+  std::vector<double> t;
+  gpustitch::Config config;
+  config.cap = size;
+  for (int r = 0; r < reps; ++r) {
+    gpustitch::Pool pool(backend, config);
+    std::vector<DevPtr> pieces(size / piece);
+    for (auto& p : pieces) {
+      if (pool.allocate(0, piece, gpustitch::kAnyStream, &p) != gpustitch::Status::ok) {
+        row.note = "could not fill the cap with pieces";
+        return row;
+      }
+    }
+    for (DevPtr p : pieces) pool.deallocate(p);
+    pool.drain_pending(0);
+    const auto before = pool.stats(0);
+    DevPtr p = 0;
+    const auto t0 = Clock::now();
+    const auto st = pool.allocate(0, size, gpustitch::kAnyStream, &p);
+    const double us = ns_between(t0, Clock::now()) / 1000;
+    if (st != gpustitch::Status::ok) {
+      row.note = std::string("allocate: ") + gpustitch::to_string(st);
+      return row;
+    }
+    if (pool.stats(0).stitches == before.stitches) row.note = "not served by a stitch";
+    t.push_back(us);
+    pool.deallocate(p);
+    pool.drain_pending(0);
+    pool.trim(0);
+  }
+  row.pool_us = summarize(t).median;
+  row.ok = row.note.empty();
+  return row;
+}
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* json_path = nullptr;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
+      json_path = argv[++i];
+    } else if (!std::strcmp(argv[i], "--quick")) {
+      quick = true;
+    } else {
+      std::printf("usage: alloc_latency [--json PATH] [--quick]\n");
+      return 2;
+    }
+  }
+  const bool shim = dlsym(RTLD_DEFAULT, "gpustitch_malloc") != nullptr;
+  CUDA_CHECK(cudaSetDevice(0));
+  CUDA_CHECK(cudaFree(nullptr));  // create the context outside the timings
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  int driver = 0, runtime = 0;
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaMemPool_t mempool;
+  CUDA_CHECK(cudaDeviceGetDefaultMemPool(&mempool, 0));
+  std::uint64_t threshold = UINT64_MAX;
+  CUDA_CHECK(cudaMemPoolSetAttribute(mempool, cudaMemPoolAttrReleaseThreshold, &threshold));
+
+  std::string why;
+  auto backend = gpustitch::make_cuda_backend(&why);
+  if (!backend) {
+    std::printf("FAIL: CUDA backend: %s\n", why.c_str());
+    return 1;
+  }
+  gpustitch::Pool pool(*backend, gpustitch::Config{});
+  const auto stream_id = reinterpret_cast<gpustitch::Stream>(stream);
+
+  const std::string via = shim ? " (through libgpustitch)" : "";
+  std::vector<Allocator> allocators = {
+      {"cudaMalloc/cudaFree" + via,
+       [](std::size_t n) {
+         void* p = nullptr;
+         return cudaMalloc(&p, n) == cudaSuccess ? p : nullptr;
+       },
+       [](void* p) { cudaFree(p); }},
+      {"cudaMallocAsync/cudaFreeAsync" + via,
+       [&](std::size_t n) {
+         void* p = nullptr;
+         return cudaMallocAsync(&p, n, stream) == cudaSuccess ? p : nullptr;
+       },
+       [&](void* p) { cudaFreeAsync(p, stream); }},
+      {"gpustitch::Pool, stream-ordered",
+       [&](std::size_t n) {
+         DevPtr p = 0;
+         return pool.allocate(0, n, stream_id, &p) == gpustitch::Status::ok
+                    ? reinterpret_cast<void*>(p)
+                    : nullptr;
+       },
+       [&](void* p) { pool.deallocate(reinterpret_cast<DevPtr>(p), stream_id); }},
+      {"gpustitch::Pool, cudaFree semantics",
+       [&](std::size_t n) {
+         DevPtr p = 0;
+         return pool.allocate(0, n, gpustitch::kAnyStream, &p) == gpustitch::Status::ok
+                    ? reinterpret_cast<void*>(p)
+                    : nullptr;
+       },
+       [&](void* p) { pool.deallocate(reinterpret_cast<DevPtr>(p), gpustitch::kAnyStream); }},
+  };
+
+  struct SizeCase {
+    std::string name;
+    std::size_t size;  // 0 = random mix
+    int ops;
+  };
+  const int scale = quick ? 10 : 1;
+  const std::vector<SizeCase> cases = {
+      {"512 B", 512, 10000 / scale},    {"64 KiB", 64 * KiB, 10000 / scale},
+      {"2 MiB", 2 * MiB, 5000 / scale}, {"64 MiB", 64 * MiB, 1000 / scale},
+      {"1 GiB", 1 * GiB, 100 / scale},  {"mix <= 4 MiB", 0, 10000 / scale},
+  };
+  std::uint64_t rng = 12345;
+  auto next = [&rng] {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return rng >> 17;
+  };
+  std::fprintf(stderr, "alloc_latency: measuring\n");
+  for (const SizeCase& c : cases) {
+    std::vector<std::size_t> sizes(static_cast<std::size_t>(std::max(c.ops, 10)));
+    for (auto& s : sizes) s = c.size != 0 ? c.size : 256 + next() % (4 * MiB - 255);
+    for (const Allocator& a : allocators) {
+      measure(a, c.name, sizes, std::max(c.ops / 10, 2));
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
+    pool.drain_pending(0);
+    pool.trim(0);
+  }
+
+  // Large allocations: fresh and stitched pool allocations against cudaMalloc.
+  const int reps = quick ? 2 : 5;
+  for (std::size_t size : {256 * MiB, 2 * GiB}) {
+    const double native = cuda_malloc_us(size, reps);
+    for (LargeRow row :
+         {pool_fresh(*backend, size, reps), pool_stitched(*backend, size, 64 * MiB, reps),
+          pool_stitched(*backend, size, 2 * MiB, reps)}) {
+      row.cuda_malloc_us = native;
+      large_rows.push_back(row);
+    }
+  }
+
+  std::printf("## alloc_latency: %s, driver %d, runtime %d (%s cudart), libgpustitch %s\n\n",
+              prop.name, driver, runtime, GPUSTITCH_CUDART_LINKAGE,
+              shim ? "LOADED (cudaMalloc rows go through the shim)" : "not loaded");
+  std::printf(
+      "| allocator | size | ops | alloc median | alloc p99 | free median | free p99 | "
+      "pair median | pair p99 |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (const Row& r : rows) {
+    std::printf("| %s | %s | %d | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n", r.allocator.c_str(),
+                r.size.c_str(), r.ops, r.alloc.median, r.alloc.p99, r.free.median, r.free.p99,
+                r.pair.median, r.pair.p99);
+  }
+  std::printf(
+      "\n(nanoseconds per operation)\n\n| large allocation | size | pool (us) | cudaMalloc "
+      "(us) | pool / cudaMalloc | note |\n| --- | --- | --- | --- | --- | --- |\n");
+  for (const LargeRow& r : large_rows) {
+    std::printf("| %s | %zu MiB | %.1f | %.1f | %.2f | %s |\n", r.what.c_str(), r.size / MiB,
+                r.pool_us, r.cuda_malloc_us,
+                r.cuda_malloc_us > 0 ? r.pool_us / r.cuda_malloc_us : 0,
+                r.ok ? "" : r.note.c_str());
+  }
+
+  if (json_path != nullptr) {
+    FILE* f = std::fopen(json_path, "w");
+    if (f == nullptr) {
+      std::printf("FAIL: cannot write %s\n", json_path);
+      return 1;
+    }
+    std::fprintf(f,
+                 "{\n  \"device\": \"%s\",\n  \"driver\": %d,\n  \"runtime\": %d,\n  \"cudart\": "
+                 "\"%s\",\n  \"shim_loaded\": %s,\n  \"unit\": \"ns\",\n  \"rows\": [\n",
+                 json_escape(prop.name).c_str(), driver, runtime, GPUSTITCH_CUDART_LINKAGE,
+                 shim ? "true" : "false");
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      std::fprintf(f,
+                   "    {\"allocator\": \"%s\", \"size\": \"%s\", \"ops\": %d, \"alloc_median\": "
+                   "%.0f, \"alloc_p99\": %.0f, \"free_median\": %.0f, \"free_p99\": %.0f, "
+                   "\"pair_median\": %.0f, \"pair_p99\": %.0f}%s\n",
+                   json_escape(r.allocator).c_str(), r.size.c_str(), r.ops, r.alloc.median,
+                   r.alloc.p99, r.free.median, r.free.p99, r.pair.median, r.pair.p99,
+                   i + 1 < rows.size() ? "," : "");
+    }
+    std::fprintf(f, "  ],\n  \"large\": [\n");
+    for (std::size_t i = 0; i < large_rows.size(); ++i) {
+      const LargeRow& r = large_rows[i];
+      std::fprintf(f,
+                   "    {\"what\": \"%s\", \"size_bytes\": %zu, \"pool_us\": %.1f, "
+                   "\"cuda_malloc_us\": %.1f, \"ok\": %s, \"note\": \"%s\"}%s\n",
+                   json_escape(r.what).c_str(), r.size, r.pool_us, r.cuda_malloc_us,
+                   r.ok ? "true" : "false", json_escape(r.note).c_str(),
+                   i + 1 < large_rows.size() ? "," : "");
+    }
+    std::fprintf(f, "  ]\n}\n");
+    std::fclose(f);
+  }
+  CUDA_CHECK(cudaStreamDestroy(stream));
+  std::printf("\nPASS: alloc_latency\n");
+  return 0;
+}
