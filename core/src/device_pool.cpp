@@ -57,6 +57,14 @@ std::atomic<unsigned> next_arena_index{0};
 thread_local unsigned tl_arena_index = UINT32_MAX;
 
 constexpr std::size_t kLargeBuffer = 20 * MiB;  // PyTorch's slack for oversize blocks
+constexpr std::uint64_t kCheapFenceNs = 50'000;   // a fence this fast means an idle device
+
+std::uint64_t monotonic_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull +
+         static_cast<std::uint64_t>(ts.tv_nsec);
+}
 
 std::uint64_t now_ns() {
   timespec ts{};
@@ -302,7 +310,12 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
     *out = b;
     return Status::ok;
   }
-  if (!config_.background_reclaim && has_pending()) {
+  // Memory waiting for its fence: fence here instead of taking fresh memory if that is cheap,
+  // i.e. the last fence found the device idle (a tight allocate/free loop with cudaFree
+  // semantics), or if the pool fences only on demand. A busy device is left to the reclaimer.
+  if (fq_head_ != nullptr &&
+      (!config_.background_reclaim ||
+       last_fence_ns_.load(std::memory_order_relaxed) < kCheapFenceNs)) {
     fence_locked();
     if (Block* b = take_cached(rounded, stream)) {
       ++stats_.cache_hits;
@@ -808,7 +821,9 @@ void DevicePool::promote(std::uint64_t epoch) noexcept {
 // Fences the large pool only: the arenas' locks come before the device lock.
 void DevicePool::fence_locked() noexcept {
   const std::uint64_t target = epoch_.fetch_add(1);
+  const std::uint64_t start = monotonic_ns();
   if (backend_.synchronize(device_) == Status::ok) promote(target);
+  last_fence_ns_.store(monotonic_ns() - start, std::memory_order_relaxed);
 }
 
 bool DevicePool::fence_pass() noexcept {
@@ -819,7 +834,9 @@ bool DevicePool::fence_pass() noexcept {
     target = epoch_.fetch_add(1);
   }
   // The device is waited for without the lock: allocations and frees go on meanwhile.
+  const std::uint64_t start = monotonic_ns();
   if (backend_.synchronize(device_) != Status::ok) return false;
+  last_fence_ns_.store(monotonic_ns() - start, std::memory_order_relaxed);
   promote_arenas(target);
   Outcome outcome;
   bool more;

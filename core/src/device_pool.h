@@ -149,6 +149,7 @@ class DevicePool final : private ChunkSource {
   Block* fq_head_ = nullptr;
   Block* fq_tail_ = nullptr;
   std::atomic<std::uint64_t> epoch_{1};
+  std::atomic<std::uint64_t> last_fence_ns_{UINT64_MAX};  // how long the last fence waited
   std::vector<std::unique_ptr<Arena>> arenas_;
   DeviceStats stats_;
   std::size_t last_device_free_ = 0;

@@ -16,9 +16,10 @@
 // device has none left does it run a fence pass itself (the slow path a native cudaMalloc would
 // not have needed, taken where native cudaFree would already have waited).
 //
-// The thread starts lazily on the first free (never in a library constructor), lingers briefly
-// after the queue empties so that a steady stream of frees does not wake it one by one, then
-// sleeps until kicked.
+// The thread starts lazily on the first free (never in a library constructor), paces its passes
+// (at most one per 0.5 ms, each covering every free queued before it), lingers briefly after the
+// queue empties so that a steady stream of frees does not wake it one by one, then sleeps until
+// kicked. An allocation that needs pending memory does not wait for the pace: it fences itself.
 #include "reclaimer.h"
 
 #include <chrono>
@@ -26,6 +27,9 @@
 namespace gpustitch::detail {
 namespace {
 constexpr auto kLinger = std::chrono::milliseconds(1);
+// Between passes while frees keep coming: one fence covers all frees of the interval, and the
+// arenas' locks are not taken in a tight loop against the threads that use them.
+constexpr auto kPace = std::chrono::microseconds(500);
 constexpr int kLingerRounds = 100;  // about 100 ms of polling before sleeping
 }  // namespace
 
@@ -85,6 +89,8 @@ void Reclaimer::run() {
     if (stop_) return;
     if (more) {
       idle_rounds = 0;
+      cv_.wait_for(lock, kPace, [&] { return stop_; });
+      if (stop_) return;
       continue;
     }
     if (++idle_rounds < kLingerRounds) {
