@@ -8,7 +8,7 @@ pkgs=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libspdlog-dev libfmt-dev libboost-dev libunwind-dev nlohmann-json3-dev libcli11-dev
   libsystemd-dev systemd dpkg-dev file python3
-  python3-yaml shellcheck
+  python3-yaml shellcheck librsvg2-bin
 )
 missing=()
 for p in "${pkgs[@]}"; do

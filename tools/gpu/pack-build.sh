@@ -21,7 +21,7 @@ copy() {  # copy PATH-relative-to-SRC
   copied=$((copied + 1))
 }
 shopt -s nullglob
-for f in "$SRC"/tests/gpu/* "$SRC"/tests/core/* "$SRC"/tools/gpu/* "$SRC"/bench/gpu/* "$SRC"/bench/core/* "$SRC"/bench/preload/*; do
+for f in "$SRC"/tests/gpu/* "$SRC"/tests/core/* "$SRC"/tests/tools/replay/test_replay_gpu "$SRC"/tools/gpu/* "$SRC"/bench/gpu/* "$SRC"/bench/core/* "$SRC"/bench/preload/*; do
   [[ -f $f && -x $f ]] && copy "${f#"$SRC"/}"
 done
 for f in "$SRC"/preload/*.so* "$SRC"/tools/gpustitch "$SRC"/daemon/gpustitchd; do

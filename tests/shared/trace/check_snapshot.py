@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Checks a gpustitch snapshot pickle against the structure torch.cuda.memory._snapshot()
+documents (the one pytorch.org/memory_viz reads), then prints a JSON summary for the C++ test.
+
+usage: check_snapshot.py snapshot FILE   -> checks, prints {"segments": n, ...} or exits 1
+       check_snapshot.py repr FILE       -> prints repr() of the unpickled object
+"""
+import json
+import pickle
+import sys
+
+SEGMENT_KEYS = {"device", "address", "total_size", "allocated_size", "active_size", "stream",
+                "segment_type", "blocks"}
+BLOCK_KEYS = {"size", "requested_size", "address", "state", "frames"}
+FRAME_KEYS = {"filename", "line", "name"}
+TRACE_KEYS = {"action", "frames", "size", "stream"}
+STATES = {"active_allocated", "active_awaiting_free", "inactive"}
+ACTIONS = {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom",
+           "snapshot"}
+
+
+def fail(msg):
+    print("FAIL: " + msg)
+    sys.exit(1)
+
+
+def check(snap):
+    if not isinstance(snap, dict):
+        fail("top level is not a dict")
+    for key in ("segments", "device_traces"):
+        if key not in snap:
+            fail("missing top-level key " + key)
+    allocated = 0
+    blocks = 0
+    frames_seen = []
+    for s in snap["segments"]:
+        missing = SEGMENT_KEYS - set(s)
+        if missing:
+            fail("segment lacks %s" % sorted(missing))
+        if s["segment_type"] not in ("small", "large"):
+            fail("bad segment_type %r" % s["segment_type"])
+        at = s["address"]
+        active = 0
+        seg_allocated = 0
+        for b in s["blocks"]:
+            missing = BLOCK_KEYS - set(b)
+            if missing:
+                fail("block lacks %s" % sorted(missing))
+            if b["state"] not in STATES:
+                fail("bad state %r" % b["state"])
+            if b["address"] != at:
+                fail("blocks of segment 0x%x are not contiguous at 0x%x" % (s["address"], at))
+            at += b["size"]
+            for f in b["frames"]:
+                if set(f) != FRAME_KEYS:
+                    fail("frame keys %s" % sorted(f))
+                frames_seen.append(f["name"])
+            if b["state"] != "inactive":
+                active += b["size"]
+                if b["requested_size"] > b["size"]:
+                    fail("requested_size > size")
+            if b["state"] == "active_allocated":
+                seg_allocated += b["size"]
+                blocks += 1
+        if at != s["address"] + s["total_size"]:
+            fail("blocks do not cover segment 0x%x" % s["address"])
+        if seg_allocated != s["allocated_size"]:
+            fail("allocated_size %d != sum of allocated blocks %d"
+                 % (s["allocated_size"], seg_allocated))
+        if active != s["active_size"]:
+            fail("active_size %d != sum of active blocks %d" % (s["active_size"], active))
+        allocated += seg_allocated
+    traces = snap["device_traces"]
+    if not isinstance(traces, list):
+        fail("device_traces is not a list")
+    entries = 0
+    for per_device in traces:
+        for e in per_device:
+            missing = TRACE_KEYS - set(e)
+            if missing:
+                fail("trace entry lacks %s" % sorted(missing))
+            if e["action"] not in ACTIONS:
+                fail("bad action %r" % e["action"])
+            if e["action"] != "oom" and "addr" not in e:
+                fail("trace entry lacks addr")
+            entries += 1
+    print(json.dumps({"segments": len(snap["segments"]), "blocks": blocks,
+                      "allocated": allocated, "devices": len(traces), "entries": entries,
+                      "frames": frames_seen}))
+
+
+def main():
+    mode, path = sys.argv[1], sys.argv[2]
+    with open(path, "rb") as f:
+        obj = pickle.load(f)
+    if mode == "repr":
+        print(repr(obj))
+    else:
+        check(obj)
+
+
+if __name__ == "__main__":
+    main()

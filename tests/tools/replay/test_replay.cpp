@@ -1,0 +1,180 @@
+// Replay: OOMs are counted and their frees skipped; a trace recorded live from a pool replays to
+// the same peaks; and on the synthetic transformer trace the policies tell the seeds' story.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <gpustitch/pool.h>
+#include <gpustitch/sim_backend.h>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "caching_policy.h"
+#include "generator.h"
+#include "gpustitch/trace/trace_reader.h"
+#include "gpustitch/trace/trace_writer.h"
+#include "policy.h"
+#include "replayer.h"
+
+using namespace gpustitch;
+using namespace gpustitch::replay;
+using trace::TraceAction;
+
+namespace {
+
+trace::TraceEvent event(TraceAction a, std::uint64_t ptr, std::uint64_t size) {
+  trace::TraceEvent e;
+  e.action = a;
+  e.ptr = ptr;
+  e.size = size;
+  e.stream = kAnyStream;
+  return e;
+}
+
+ReplayResult replay_with(const std::string& name, const trace::Trace& t, std::size_t capacity) {
+  PolicyEnv env;
+  env.devices = t.device_count();
+  env.capacity = capacity;
+  const PolicySpec* spec = find_policy(name);
+  EXPECT_NE(spec, nullptr) << name;
+  std::string why;
+  auto policy = spec->make(env, &why);
+  EXPECT_NE(policy, nullptr) << why;
+  return replay_trace(t, *policy);
+}
+
+}  // namespace
+
+TEST(Replay, CountsOutOfMemoryAndSkipsTheFreesOfFailedAllocations) {
+  trace::Trace t;
+  t.events = {event(TraceAction::allocate, 0xA000, 1 * GiB),
+              event(TraceAction::allocate, 0xB000, 2 * GiB),  // does not fit in 2 GiB
+              event(TraceAction::free, 0xB000, 2 * GiB),
+              event(TraceAction::free, 0xC000, 64),  // never allocated in this trace
+              event(TraceAction::free, 0xA000, 1 * GiB)};
+  for (const char* name : {"pytorch", "gpustitch", "gpustitch-no-stitch"}) {
+    ReplayResult r = replay_with(name, t, 2 * GiB);
+    EXPECT_EQ(r.ooms, 1u) << name;
+    EXPECT_EQ(r.first_oom_op, 1) << name;
+    EXPECT_EQ(r.oom_bytes, 2 * GiB) << name;
+    EXPECT_EQ(r.skipped_frees, 1u) << name;
+    EXPECT_EQ(r.unmatched_frees, 1u) << name;
+    EXPECT_EQ(r.peak_allocated, 1 * GiB) << name;
+    EXPECT_GE(r.peak_reserved, 1 * GiB) << name;
+    EXPECT_LE(r.peak_reserved, 2 * GiB) << name;
+    EXPECT_EQ(r.series.back().allocated, 0u) << name;
+  }
+}
+
+TEST(Replay, SamePointerLiveTwiceIsMatchedFirstInFirstOut) {
+  // Thread A frees p, thread B gets p again and its allocate is recorded before A's free.
+  trace::Trace t;
+  t.events = {event(TraceAction::allocate, 0xA000, 1 * MiB),
+              event(TraceAction::allocate, 0xA000, 3 * MiB),
+              event(TraceAction::free, 0xA000, 1 * MiB), event(TraceAction::free, 0xA000, 3 * MiB)};
+  ReplayResult r = replay_with("pytorch", t, 1 * GiB);
+  EXPECT_EQ(r.unmatched_frees, 0u);
+  EXPECT_EQ(r.peak_allocated, 4 * MiB);
+  EXPECT_EQ(r.series.back().allocated, 0u);
+}
+
+TEST(Replay, RecordedTraceReplaysToTheLiveRunsPeaks) {
+  const std::size_t capacity = 8 * GiB;
+  const std::string path =
+      testing::TempDir() + "gpustitch_roundtrip_" + std::to_string(getpid()) + ".csv";
+  std::uint64_t live_peak_reserved = 0, live_peak_requested = 0;
+  {
+    trace::TraceWriterOptions o;
+    o.path = path;
+    o.handle_sigterm = false;
+    trace::TraceWriter writer(o);
+    SimBackend backend(SimOptions{1, capacity, 2 * MiB, true});
+    Config config;
+    config.backend = BackendKind::sim;
+    config.background_reclaim = false;  // as the replay policy runs it
+    Pool pool(backend, config, &writer);
+    // A deterministic mix of small and large, short- and long-lived allocations.
+    std::uint64_t state = 12345, requested = 0;
+    std::vector<std::pair<DevPtr, std::size_t>> live;
+    for (int i = 0; i < 4000; ++i) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      std::uint64_t r = state >> 33;
+      bool do_free = !live.empty() && (r % 100) < 45;
+      if (do_free) {
+        std::size_t k = (r / 100) % live.size();
+        ASSERT_EQ(pool.deallocate(live[k].first, 1), Status::ok);
+        requested -= live[k].second;
+        live[k] = live.back();
+        live.pop_back();
+      } else {
+        std::size_t size = (r % 7 == 0) ? (1 + r % 64) * MiB : 256 + (r % (900 * KiB));
+        DevPtr p = 0;
+        if (pool.allocate(0, size, 1, &p) != Status::ok) continue;
+        live.emplace_back(p, size);
+        requested += size;
+        live_peak_requested = std::max(live_peak_requested, requested);
+      }
+    }
+    for (auto& [p, s] : live) ASSERT_EQ(pool.deallocate(p, 1), Status::ok);
+    live_peak_reserved = pool.stats(0).peak_reserved;
+    writer.close();
+  }
+  trace::Trace t;
+  std::string why;
+  ASSERT_TRUE(trace::read_trace_file(path, &t, &why)) << why;
+  EXPECT_EQ(t.bad_lines, 0u);
+  ASSERT_GT(t.events.size(), 4000u);
+  ReplayResult r = replay_with("gpustitch", t, capacity);
+  EXPECT_EQ(r.ooms, 0u);
+  EXPECT_EQ(r.unmatched_frees, 0u);
+  EXPECT_EQ(r.peak_allocated, live_peak_requested);
+  EXPECT_EQ(r.peak_reserved, live_peak_reserved);
+}
+
+TEST(Replay, GeneratedTransformerTraceTellsTheSeedsStory) {
+  TransformerTraceParams params;
+  trace::Trace t = generate_transformer_trace(params);
+  // On a device with room to spare nobody fails, and all see the same demand.
+  ReplayResult roomy_stitch = replay_with("gpustitch", t, 80 * GiB);
+  ReplayResult roomy_torch = replay_with("pytorch", t, 80 * GiB);
+  ASSERT_EQ(roomy_stitch.ooms, 0u);
+  ASSERT_EQ(roomy_torch.ooms, 0u);
+  const std::uint64_t live_peak = roomy_stitch.peak_allocated;
+  EXPECT_EQ(roomy_torch.peak_allocated, live_peak);
+  // The caching allocator holds far more than is live at its peak.
+  EXPECT_GT(roomy_torch.peak_reserved, live_peak + live_peak / 10);
+
+  // A device 4% larger than the live peak: stitching fits the whole run; the caching allocator
+  // and the pool without stitching run out of memory while memory is free -- the request would
+  // have fit in the bytes not allocated, but not in one piece.
+  const std::size_t capacity = align_up(live_peak + live_peak / 25, 64 * MiB);
+  ReplayResult stitched = replay_with("gpustitch", t, capacity);
+  ReplayResult cached = replay_with("pytorch", t, capacity);
+  ReplayResult unstitched = replay_with("gpustitch-no-stitch", t, capacity);
+  EXPECT_EQ(stitched.ooms, 0u);
+  EXPECT_EQ(stitched.peak_allocated, live_peak);
+  for (const ReplayResult* r : {&cached, &unstitched}) {
+    EXPECT_GT(r->ooms, 0u) << r->policy;
+    EXPECT_LE(r->allocated_at_first_oom + r->first_oom_size, capacity)
+        << r->policy << ": the first OOM must be fragmentation, not lack of memory";
+    EXPECT_GT(r->reserved_at_first_oom, r->allocated_at_first_oom) << r->policy;
+  }
+  std::printf(
+      "capacity %.2f GiB, live peak %.2f GiB: gpustitch %llu OOM, no-stitch %llu OOM, "
+      "pytorch %llu OOM (first with %.2f GiB allocated, %.2f GiB reserved)\n",
+      static_cast<double>(capacity) / GiB, static_cast<double>(live_peak) / GiB,
+      static_cast<unsigned long long>(stitched.ooms),
+      static_cast<unsigned long long>(unstitched.ooms),
+      static_cast<unsigned long long>(cached.ooms),
+      static_cast<double>(cached.allocated_at_first_oom) / GiB,
+      static_cast<double>(cached.reserved_at_first_oom) / GiB);
+
+  // The smallest device each policy needs: stitching needs the least.
+  std::uint64_t need_stitch = min_capacity(t, *find_policy("gpustitch"), PolicyEnv{}, 32 * GiB);
+  std::uint64_t need_torch = min_capacity(t, *find_policy("pytorch"), PolicyEnv{}, 32 * GiB);
+  ASSERT_GT(need_stitch, 0u);
+  ASSERT_GT(need_torch, 0u);
+  EXPECT_LT(need_stitch, need_torch);
+  EXPECT_LE(need_stitch, capacity);
+}

@@ -1,0 +1,107 @@
+// The CLI end to end: `gpustitch replay --generate ... --json --plot` and
+// `gpustitch snapshot --trace`, as a user runs them.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace {
+
+std::string run(const std::string& cmd, int* rc) {
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  std::size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int status = pclose(p);
+  *rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return out;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string tmp(const std::string& name) {
+  return testing::TempDir() + "gpustitch_cli_" + std::to_string(getpid()) + "_" + name;
+}
+
+int count_of(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (auto at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST(ReplayCli, GeneratesReplaysAndPlots) {
+  std::string trace = tmp("gen.csv"), svg = tmp("plot.svg");
+  int rc = 0;
+  std::string out = run(std::string(GPUSTITCH_CLI) + " replay --generate " + trace +
+                            " --steps 30 --capacity-gb 80 --json --plot " + svg,
+                        &rc);
+  ASSERT_EQ(rc, 0) << out;
+  auto j = nlohmann::json::parse(out);
+  EXPECT_GT(j["events"].get<int>(), 1000);
+  std::map<std::string, nlohmann::json> by_name;
+  for (auto& p : j["policies"]) by_name[p["policy"]] = p;
+  ASSERT_TRUE(by_name.count("gpustitch"));
+  ASSERT_TRUE(by_name.count("gpustitch-no-stitch"));
+  ASSERT_TRUE(by_name.count("pytorch"));
+  for (auto& [name, p] : by_name) {
+    EXPECT_EQ(p["ooms"], 0) << name;
+    EXPECT_GT(p["peak_reserved_bytes"].get<double>(), 0) << name;
+    EXPECT_EQ(p["peak_allocated_bytes"], by_name["gpustitch"]["peak_allocated_bytes"]) << name;
+  }
+  std::string plot = slurp(svg);
+  EXPECT_EQ(plot.rfind("<svg", 0), 0u);
+  EXPECT_EQ(count_of(plot, "<polyline"), 2 * 3);  // reserved + allocated per policy
+  EXPECT_NE(plot.find("pytorch reserved"), std::string::npos);
+
+  // The written trace reads back with no bad lines and replays the same way.
+  out = run(std::string(GPUSTITCH_CLI) + " replay " + trace + " --policy pytorch --json", &rc);
+  ASSERT_EQ(rc, 0) << out;
+  auto again = nlohmann::json::parse(out);
+  EXPECT_EQ(again["bad_lines"], 0);
+  EXPECT_EQ(again["policies"][0]["peak_reserved_bytes"], by_name["pytorch"]["peak_reserved_bytes"]);
+}
+
+TEST(ReplayCli, UnknownPolicyAndMissingTraceAreReported) {
+  int rc = 0;
+  run(std::string(GPUSTITCH_CLI) + " replay /nonexistent.csv 2>/dev/null", &rc);
+  EXPECT_EQ(rc, 3);
+  std::string trace = tmp("one.csv");
+  std::ofstream(trace)
+      << "Thread,Time,Action,Pointer,Size,Stream\n1,00:00:00.1,allocate,0x1,8,0x0\n";
+  run(std::string(GPUSTITCH_CLI) + " replay " + trace + " --policy nosuch 2>/dev/null", &rc);
+  EXPECT_EQ(rc, 2);
+}
+
+TEST(SnapshotCli, WritesASnapshotOfATrace) {
+  if (std::string(GPUSTITCH_PYTHON3).empty()) GTEST_SKIP() << "no python3";
+  std::string trace = tmp("snap.csv"), pickle = tmp("snap.pickle");
+  int rc = 0;
+  run(std::string(GPUSTITCH_CLI) + " replay --generate " + trace +
+          " --steps 3 --policy pytorch >/dev/null",
+      &rc);
+  ASSERT_EQ(rc, 0);
+  std::string out = run(std::string(GPUSTITCH_CLI) + " snapshot --trace " + trace +
+                            " --at 2000 -o " + pickle + " --json",
+                        &rc);
+  ASSERT_EQ(rc, 0) << out;
+  out = run(std::string(GPUSTITCH_PYTHON3) + " " + GPUSTITCH_SNAPSHOT_CHECK + " snapshot " + pickle,
+            &rc);
+  ASSERT_EQ(rc, 0) << out;
+  auto j = nlohmann::json::parse(out);
+  EXPECT_GT(j["blocks"].get<int>(), 0);
+  EXPECT_GT(j["entries"].get<int>(), 0);
+}

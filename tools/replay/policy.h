@@ -1,0 +1,73 @@
+// Allocation policies a trace can be replayed through, behind one narrow interface.
+//
+// A policy serves allocate/deallocate calls and reports the physical memory it holds
+// ("reserved"). The replayer (replayer.h) keeps the bytes live by the trace ("allocated") itself,
+// so every policy is measured against the same demand. Policies register by name in a registry,
+// so `gpustitch replay --policy a,b` can name any of them and parts that own other policies (the
+// native cudaMalloc / cudaMallocAsync policies for backend:cuda) add themselves without touching
+// the replayer:
+//
+//   static gpustitch::replay::PolicyRegistrar reg{"cudaMalloc", "native cudaMalloc/cudaFree",
+//       /*default_on=*/false, [](const PolicyEnv& env) -> std::unique_ptr<ReplayPolicy> {...}};
+//
+// A factory may return null with *why set when the policy cannot run here (no GPU).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpustitch/types.h"
+
+namespace gpustitch::replay {
+
+class ReplayPolicy {
+ public:
+  virtual ~ReplayPolicy() = default;
+  virtual std::string name() const = 0;
+  // Serves size bytes on device. Returns false for out-of-memory; *handle identifies the block
+  // for deallocate.
+  virtual bool allocate(int device, std::size_t size, Stream stream, std::uint64_t* handle) = 0;
+  virtual void deallocate(int device, std::uint64_t handle, std::size_t size, Stream stream) = 0;
+  // Physical memory the policy holds on device now.
+  virtual std::uint64_t reserved(int device) const = 0;
+  // Highest reserved seen by the policy itself (it may exceed what is sampled between calls);
+  // 0 when the policy does not track it.
+  virtual std::uint64_t peak_reserved(int device) const {
+    (void)device;
+    return 0;
+  }
+};
+
+struct PolicyEnv {
+  int devices = 1;
+  std::size_t capacity = 80 * GiB;  // per device
+  std::size_t granularity = 2 * MiB;
+  std::size_t max_split_size = SIZE_MAX;  // PyTorch's max_split_size_mb (policies that have it)
+  // Replay on the GPU: the gpustitch policies use the CUDA backend (with cap = capacity) and the
+  // native policies (cuda-malloc, cuda-malloc-async) become available.
+  bool gpu = false;
+};
+
+using PolicyFactory =
+    std::function<std::unique_ptr<ReplayPolicy>(const PolicyEnv& env, std::string* why)>;
+
+struct PolicySpec {
+  std::string name;
+  std::string description;
+  bool default_on;  // replayed when --policy is not given
+  PolicyFactory make;
+};
+
+std::vector<PolicySpec>& policy_registry();
+
+struct PolicyRegistrar {
+  PolicyRegistrar(std::string name, std::string description, bool default_on, PolicyFactory make);
+};
+
+// Looks a policy up by name (case-sensitive). Null when unknown.
+const PolicySpec* find_policy(const std::string& name);
+
+}  // namespace gpustitch::replay
