@@ -6,6 +6,7 @@
                               -- skipped, crashed before a rung, failed at the first rung -- do
                               not count); 0 if there is none
     report.py write OUTDIR    writes e2e.md and e2e.json and prints e2e.md
+    report.py brief FILE      one line about one run (train_seqlen.py output), for the log
 
 Reads what run_e2e.sh leaves in OUTDIR: meta.json, logs/status.tsv (config, phase, status,
 seconds), logs/<config>.<ladder|timed>.out (train_seqlen.py's output: "rung {json}" lines and a
@@ -344,10 +345,31 @@ def write(outdir):
     return 0
 
 
+def brief(path):
+    """One line about one run's result, for run_e2e.sh's progress log."""
+    text = read(path)
+    r = last_json(text) or {}
+    parts = []
+    for key in ("max_ok_batch", "stopped", "batch", "steps_completed", "tokens_per_s", "oom",
+                "error"):
+        if r.get(key) not in (None, False, ""):
+            parts.append(f"{key}={r[key]}")
+    for key in ("peak_allocated_bytes", "peak_reserved_bytes"):
+        if r.get(key) is not None:
+            parts.append(f"{key[:-6]}={gib(r[key])}GiB")
+    if not r:
+        n = len(rungs(text))
+        parts.append(f"no result line ({n} rungs)")
+    return " ".join(str(p)[:160] for p in parts)
+
+
 def main(argv):
-    if len(argv) != 3 or argv[1] not in ("common", "write"):
+    if len(argv) != 3 or argv[1] not in ("common", "write", "brief"):
         print(__doc__, file=sys.stderr)
         return 2
+    if argv[1] == "brief":
+        print(brief(argv[2]))
+        return 0
     if argv[1] == "common":
         print(common_batch(argv[2]))
         return 0

@@ -14,7 +14,7 @@
 #   --dry-run      print the plan and the commands instead of running them
 #   --only REGEX   run only the configurations whose name matches (extended regex)
 #   --budget-gb    device memory left to training by the balloon (default 24)
-#   --ladder       ascending batch sizes tried per configuration (default 2,3,4,5,6,7,8,10,12,16)
+#   --ladder       ascending batch sizes tried per configuration (default 1,2,3,4,5,6,7,8,10,12,16)
 #   --ladder-steps steps each rung must complete without OOM (default 12)
 #   --steps        steps of the timed run at the common batch (default 16), --warmup of them
 #                  untimed (default 3)
@@ -46,7 +46,7 @@ QUICK=0
 DRY=0
 ONLY=""
 BUDGET_GB=24
-LADDER=2,3,4,5,6,7,8,10,12,16
+LADDER=1,2,3,4,5,6,7,8,10,12,16
 LADDER_STEPS=12
 STEPS=16
 WARMUP=3
@@ -176,7 +176,7 @@ run_cfg() {
     *) st="exit $rc" ;;
   esac
   printf '%s\t%s\t%s\t%s\n' "$name" "$phase" "$st" $((SECONDS - t)) >>"$STATUS"
-  log "$name $phase: $st in $((SECONDS - t))s: $(grep -a '^{' "$base.out" | tail -n1 | cut -c1-160)"
+  log "$name $phase: $st in $((SECONDS - t))s: $("$PY" "$HERE/report.py" brief "$base.out")"
 }
 
 # ---- meta ---------------------------------------------------------------------------------------

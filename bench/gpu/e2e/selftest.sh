@@ -12,7 +12,7 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+trap '[[ -n ${KEEP:-} ]] || rm -rf "$TMP"' EXIT
 mkdir -p "$TMP/build/preload" "$TMP/build/tools" "$TMP/bin"
 : >"$TMP/build/preload/libgpustitch.so"
 
@@ -118,5 +118,17 @@ PYTHON=$TMP/bin/python "$HERE/run_e2e.sh" "$TMP/build" "$TMP/quick" --quick --no
   >"$TMP/quick.log" 2>&1 || { cat "$TMP/quick.log"; fail=1; }
 check "quick run uses batch 2 and no ladder" test ! -e "$TMP/quick/logs/pytorch-default.ladder.out" -a \
   -s "$TMP/quick/logs/pytorch-default.timed.out"
+# The real train_seqlen.py on the shape-only fake torch (fake_torch/): OOM above 5 x 8192 tokens.
+out2=$TMP/real
+PYTHONPATH=$HERE/fake_torch FAKE_TORCH_TOKENS=$((5 * 8192)) "$HERE/run_e2e.sh" "$TMP/build" "$out2" \
+  --time-budget 200 --no-replay >"$TMP/real.log" 2>&1 || { cat "$TMP/real.log"; fail=1; }
+check "train_seqlen.py on fake torch: every ladder found a limit" \
+  test "$(grep -c '"stopped": "oom"' "$out2"/logs/*.ladder.out | grep -c ':1$')" -eq 7
+check "train_seqlen.py on fake torch: common batch 5" grep -qx 5 "$out2/logs/common_batch"
+check "train_seqlen.py on fake torch: timed runs measured tokens/s" \
+  test "$(grep -l '"tokens_per_s"' "$out2"/logs/*.timed.out | wc -l)" -eq 7
+check "pluggable without statistics: reported as unavailable, not invented" \
+  grep -q '"peak_reserved_source": "unavailable"' "$out2/logs/gpustitch-pluggable.timed.out"
+
 if ((fail == 0)); then echo "selftest: all passed"; else echo "selftest: FAILED"; cat "$TMP/run.log"; fi
 exit "$fail"

@@ -102,6 +102,30 @@ class Shim:
         return {name: getattr(s, name) for name, _ in ShimStats._fields_}
 
 
+def mempool_peaks(device=0):
+    """The default CUDA memory pool's (reserved high, used high) in bytes, read through the CUDA
+    runtime PyTorch already loaded; None if unavailable. Used for backend:cudaMallocAsync when
+    PyTorch's own statistics are empty."""
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        try:
+            rt = ctypes.CDLL(name)
+            break
+        except OSError:
+            continue
+    else:
+        return None
+    pool = ctypes.c_void_p()
+    if rt.cudaDeviceGetDefaultMemPool(ctypes.byref(pool), device) != 0:
+        return None
+    vals = []
+    for attr in (6, 8):  # cudaMemPoolAttrReservedMemHigh, cudaMemPoolAttrUsedMemHigh
+        v = ctypes.c_uint64()
+        if rt.cudaMemPoolGetAttribute(pool, attr, ctypes.byref(v)) != 0:
+            return None
+        vals.append(v.value)
+    return tuple(vals)
+
+
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="unnamed", help="configuration name for the result")
@@ -128,16 +152,20 @@ def parse_args():
     return ap.parse_args()
 
 
+RESULT = {}  # the result object; printed by finish(), or by the last-resort handler below
+
+
 def main():
     args = parse_args()
     t_start = time.perf_counter()
-    result = {"config": args.config, "mode": "ladder" if args.ladder else "batch",
+    result = RESULT
+    result.update({"config": args.config, "mode": "ladder" if args.ladder else "batch",
               "steps_requested": args.steps, "budget_bytes": int(args.budget_gb * GIB),
               "model": {"layers": args.layers, "d_model": args.d_model, "heads": args.heads,
                         "vocab": args.vocab, "min_len": args.min_len, "max_len": args.max_len},
               "env": {k: os.environ.get(k, "") for k in (
                   "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING", "GPUSTITCH_CONF")},
-              "oom": False, "error": None}
+              "oom": False, "error": None})
     result["env"]["LD_PRELOAD"] = os.path.basename(os.environ.get("LD_PRELOAD", ""))
 
     def finish(code):
@@ -335,7 +363,7 @@ def main():
                 break
         result.update(ladder=rungs, max_ok_batch=max_ok, stopped=stopped,
                       oom=stopped == "oom", batch=max_ok)
-        result["steps_completed"] = rungs[-1].get("steps", 0) if rungs else 0
+        result["steps_completed"] = last["steps"] if last else 0  # of the largest batch passed
         if stopped == "error":
             result["error"] = rungs[-1].get("error") if rungs else "error"
             code = 1
@@ -369,6 +397,16 @@ def main():
         torch_res = torch.cuda.max_memory_reserved(0)
     except Exception:  # noqa: BLE001 -- pluggable allocators keep no statistics
         pass
+    if "cudaMallocAsync" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+        try:
+            peaks = mempool_peaks(0)
+        except Exception:  # noqa: BLE001
+            peaks = None
+        if peaks:
+            result["mempool_peak_reserved_bytes"], result["mempool_peak_used_bytes"] = peaks
+            if not torch_res:
+                torch_res, torch_alloc = peaks
+                result["torch_stats_from"] = "cudaMemPool high-water marks"
     st = shim.stats()
     result["torch_peak_allocated_bytes"] = torch_alloc
     result["torch_peak_reserved_bytes"] = torch_res
@@ -399,4 +437,10 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except Exception as e:  # noqa: BLE001 -- whatever happened, end with one JSON line
+        RESULT["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        RESULT["oom"] = type(e).__name__ == "OutOfMemoryError"
+        print(json.dumps(RESULT), flush=True)
+        raise
