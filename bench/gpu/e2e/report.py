@@ -321,8 +321,10 @@ def write(outdir):
     L.append("### Trace replay on the GPU")
     L.append("")
     if replay and "policies" in replay:
-        L.append(f"`gpustitch replay --gpu --capacity-gb {meta.get('budget_gb')}` of "
-                 f"{replay.get('trace', '?')} ({replay.get('events', '?')} events; {replay_status})")
+        cap = replay.get("capacity_bytes")
+        L.append(f"`gpustitch replay --gpu` of {os.path.basename(str(replay.get('trace', '?')))}: "
+                 f"{replay.get('events', '?')} events, device capacity "
+                 f"{gib(cap) if cap else '?'} GiB ({replay_status}).")
         L.append("")
         L.append("| policy | peak reserved (GiB) | peak allocated (GiB) | fragmentation at peak | "
                  "OOMs | ns per op | ns per alloc | ns per free |")

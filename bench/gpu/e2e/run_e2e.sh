@@ -3,14 +3,15 @@
 #
 #   bench/gpu/e2e/run_e2e.sh BUILD OUTDIR [--quick] [--dry-run] [--only REGEX] [--budget-gb G]
 #                            [--ladder LIST] [--ladder-steps N] [--steps N] [--warmup N]
-#                            [--time-budget S] [--trace FILE] [--no-replay]
+#                            [--time-budget S] [--trace FILE] [--synthetic-capacity-gb G]
+#                            [--no-replay]
 #
 #   BUILD          build folder (relative to the repo root or absolute) holding
 #                  preload/libgpustitch.so and tools/gpustitch (e.g. .devbuild from
 #                  tools/gpu/pack-build.sh); shim configurations are skipped without them
 #   OUTDIR         where e2e.md, e2e.json and logs/ go (created)
 #   --quick        smoke run (about 75 s): no ladder, every configuration at batch 2 for a
-#                  few steps, replay of a short trace only if time is left
+#                  few steps, the replay only if time is left
 #   --dry-run      print the plan and the commands instead of running them
 #   --only REGEX   run only the configurations whose name matches (extended regex)
 #   --budget-gb    device memory left to training by the balloon (default 24)
@@ -21,7 +22,9 @@
 #   --time-budget  seconds the whole script may take (default 330; --quick: 75); each run gets
 #                  its share of what is left, and work that no longer fits is skipped and
 #                  marked so in the table
-#   --trace FILE   replay this allocation trace instead of recording one
+#   --trace FILE   replay this allocation trace (capacity: the budget) instead of recording one
+#   --synthetic-capacity-gb G  device size for the synthetic trace replayed when no trace could
+#                  be recorded (default 12)
 #   --no-replay    skip the trace replay
 #
 # Phases: (A) per configuration, the batch ladder in one process (train_seqlen.py --ladder), which
@@ -29,7 +32,8 @@
 # and per configuration a fresh timed run there: peak allocated, peak reserved, fragmentation,
 # tokens/s; (C) if `gpustitch replay` exists: a trace recorded from the shim run at the common
 # batch (no balloon), replayed on the GPU with the budget as capacity (`gpustitch replay --gpu`):
-# peak reserved and time per operation for native cudaMalloc, cudaMallocAsync and gpustitch;
+# peak reserved and time per operation for native cudaMalloc, cudaMallocAsync and gpustitch (if
+# the shim wrote no trace, the synthetic transformer trace of `replay --generate` instead);
 # (D) report.py writes OUTDIR/e2e.md and OUTDIR/e2e.json.
 #
 # Everything is addressed relative to the repo root this script lives in, so the repo and its
@@ -40,7 +44,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../../.." && pwd)
 cd "$ROOT" || exit 2
 
-usage() { sed -n '2,36p' "$0"; }
+usage() { sed -n '2,39p' "$0"; }
 POS=()
 QUICK=0
 DRY=0
@@ -53,6 +57,7 @@ WARMUP=3
 TIME_BUDGET=""
 TRACE=""
 REPLAY=1
+SYNTH_CAP_GB=12
 PY=${PYTHON:-python3}
 while (($#)); do
   case $1 in
@@ -67,6 +72,7 @@ while (($#)); do
     --time-budget) TIME_BUDGET=$2; shift 2 ;;
     --trace) TRACE=$2; shift 2 ;;
     --no-replay) REPLAY=0; shift ;;
+    --synthetic-capacity-gb) SYNTH_CAP_GB=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     -*) echo "run_e2e: unknown option $1" >&2; usage >&2; exit 2 ;;
     *) POS+=("$1"); shift ;;
@@ -256,11 +262,10 @@ elif ((!HAVE_SHIM)) && ((!DRY)); then
   REPLAY_STATUS="skipped: no ${LIB#"$ROOT"/}"
 elif ! ((DRY)) && ! "$GS" replay --help >/dev/null 2>&1; then
   REPLAY_STATUS="skipped: this gpustitch has no replay command"
-elif [[ $COMMON == 0 ]]; then
-  REPLAY_STATUS="skipped: no common batch to record a trace at"
 else
   REC=$TRACE
-  if [[ -z $REC ]]; then
+  CAP=$BUDGET_GB
+  if [[ -z $REC && $COMMON != 0 ]]; then
     REC=$OUTDIR/train-trace.csv
     secs=$(share "$END_C" 2)
     ((DRY)) && secs=40
@@ -276,23 +281,36 @@ else
       "${rec_cmd[@]}" >"$LOGS/trace-record.out" 2>"$LOGS/trace-record.err"
     fi
   fi
+  lines=0
+  [[ -n $REC && -f $REC ]] && lines=$(wc -l <"$REC")
+  if ((lines > 1)); then
+    rp_cmd=("$GS" replay --json --gpu --capacity-gb "$CAP" "$REC")
+    what="trace ${REC#"$OUTDIR"/} ($lines lines)"
+  else
+    # No recorded trace (this build has no trace writer, or no time): the synthetic transformer
+    # trace of `gpustitch replay --generate`, on the device size its documentation uses.
+    CAP=$SYNTH_CAP_GB
+    rp_cmd=("$GS" replay --json --gpu --capacity-gb "$CAP" --generate "$OUTDIR/synthetic-trace.csv")
+    what="synthetic trace (--generate; no recorded trace: see logs/trace-record.err)"
+    [[ -n $TRACE ]] && what="synthetic trace (--generate; $TRACE is empty or missing)"
+  fi
   secs=$(share "$END_C" 1)
   ((DRY)) && secs=60
-  rp_cmd=(timeout -k 5 "$secs" "$GS" replay --json --gpu --capacity-gb "$BUDGET_GB" "$REC")
   if ((DRY)); then
-    printf '%q ' "${rp_cmd[@]}"; echo
+    echo "# replay: the recorded trace if it holds events, else:"
+    printf '%q ' timeout -k 5 "$secs" "$GS" replay --json --gpu --capacity-gb "$SYNTH_CAP_GB" \
+      --generate "$OUTDIR/synthetic-trace.csv"; echo
     REPLAY_STATUS="dry run"
-  elif [[ ! -s $REC ]]; then
-    REPLAY_STATUS="skipped: no trace recorded (see logs/trace-record.err)"
   elif ((secs == 0)); then
     REPLAY_STATUS="skipped: time budget spent"
   else
-    log "replaying $(wc -l <"$REC") trace lines on the GPU (timeout ${secs}s)"
+    log "replaying the $what on the GPU, capacity $CAP GiB (timeout ${secs}s)"
     t=$SECONDS
-    "${rp_cmd[@]}" >"$OUTDIR/replay.json" 2>"$LOGS/replay.err"
+    timeout -k 5 "$secs" "${rp_cmd[@]}" >"$OUTDIR/replay.json" 2>"$LOGS/replay.err"
     rc=$?
-    REPLAY_STATUS="exit $rc in $((SECONDS - t))s, trace ${REC#"$OUTDIR"/}"
-    ((rc == 0)) && REPLAY_STATUS="ok in $((SECONDS - t))s, trace ${REC#"$OUTDIR"/}"
+    REPLAY_STATUS="exit $rc after $((SECONDS - t))s"
+    ((rc == 0)) && REPLAY_STATUS="$((SECONDS - t))s"
+    REPLAY_STATUS+=", $what, capacity $CAP GiB"
   fi
 fi
 ((DRY)) || echo "$REPLAY_STATUS" >"$LOGS/replay_status"

@@ -44,7 +44,8 @@ while (($#)); do
   esac
 done
 if ((trace)); then
-  conf=${GPUSTITCH_CONF#*trace:}; echo "Thread,Time,Action" >"$conf"; exit 0
+  conf=${GPUSTITCH_CONF#*trace:}; printf 'Thread,Time,Action\n1,0,allocate\n1,0,free\n' >"$conf"
+  exit 0
 fi
 case $config in
   pytorch-default) limit=5 tps=100000 alloc=20 res=23 ;;
@@ -104,6 +105,8 @@ check "lowest reserved target: gpustitch 20.20 below every other (20.30)" \
 check "tokens/s target of the shim without cache (0.96 >= 0.95)" \
   grep -q 'gpustitch: tokens/s >= 0.95 x PyTorch default.s | 0.960 | PASS' "$md"
 check "replay table" grep -q '^| cuda-malloc | 2.00 | 1.00 | 50.0% | 0 | 46000 |' "$md"
+check "the recorded trace is replayed" grep -q 'train-trace.csv (3 lines), capacity 24 GiB' \
+  "$TMP/out/logs/replay_status"
 check "shim summaries quoted" grep -q 'gpustitch: summary device 0' "$md"
 check "e2e.json parses" python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['common_batch']=='5'" "$TMP/out/e2e.json"
 
@@ -129,6 +132,13 @@ check "train_seqlen.py on fake torch: timed runs measured tokens/s" \
   test "$(grep -l '"tokens_per_s"' "$out2"/logs/*.timed.out | wc -l)" -eq 7
 check "pluggable without statistics: reported as unavailable, not invented" \
   grep -q '"peak_reserved_source": "unavailable"' "$out2/logs/gpustitch-pluggable.timed.out"
+
+# An empty trace: the synthetic one is replayed instead.
+PYTHON=$TMP/bin/python "$HERE/run_e2e.sh" "$TMP/build" "$TMP/synth" --only '^gpustitch$' \
+  --trace "$TMP/empty.csv" --time-budget 100 >"$TMP/synth.log" 2>&1 || { cat "$TMP/synth.log"; fail=1; }
+check "no usable trace: synthetic trace replayed on 12 GiB" \
+  grep -q 'synthetic trace (--generate; .* is empty or missing), capacity 12 GiB' \
+  "$TMP/synth/logs/replay_status"
 
 if ((fail == 0)); then echo "selftest: all passed"; else echo "selftest: FAILED"; cat "$TMP/run.log"; fi
 exit "$fail"
