@@ -10,7 +10,7 @@
 #                  preload/libgpustitch.so and tools/gpustitch (e.g. .devbuild from
 #                  tools/gpu/pack-build.sh); shim configurations are skipped without them
 #   OUTDIR         where e2e.md, e2e.json and logs/ go (created)
-#   --quick        smoke run (about 75 s): no ladder, every configuration at batch 2 for a
+#   --quick        smoke run (about 100 s): no ladder, every configuration at batch 2 for a
 #                  few steps, the replay only if time is left
 #   --dry-run      print the plan and the commands instead of running them
 #   --only REGEX   run only the configurations whose name matches (extended regex)
@@ -19,7 +19,7 @@
 #   --ladder-steps steps each rung must complete without OOM (default 12)
 #   --steps        steps of the timed run at the common batch (default 16), --warmup of them
 #                  untimed (default 3)
-#   --time-budget  seconds the whole script may take (default 330; --quick: 75); each run gets
+#   --time-budget  seconds the whole script may take (default 330; --quick: 100); each run gets
 #                  its share of what is left, and work that no longer fits is skipped and
 #                  marked so in the table
 #   --trace FILE   replay this allocation trace (capacity: the budget) instead of recording one
@@ -85,7 +85,7 @@ OUTDIR=${POS[1]}
 [[ $OUTDIR = /* ]] || OUTDIR=$PWD/$OUTDIR
 if ((QUICK)); then
   STEPS=5; WARMUP=2
-  [[ -n $TIME_BUDGET ]] || TIME_BUDGET=75
+  [[ -n $TIME_BUDGET ]] || TIME_BUDGET=100
 fi
 [[ -n $TIME_BUDGET ]] || TIME_BUDGET=330
 [[ -n $TRACE && $TRACE != /* ]] && TRACE=$PWD/$TRACE
@@ -130,11 +130,12 @@ else
 fi
 END_C=$((T0 + TIME_BUDGET - 8))
 MIN_RUN=12   # seconds: less than this cannot start python + torch + CUDA and do a few steps
-((QUICK)) && MIN_RUN=8
+((QUICK)) && MIN_RUN=10
 share() {    # share PHASE_END RUNS_LEFT: seconds for the next run (0: no time)
   local left=$(($1 - SECONDS))
   local s=$((left / $2))
-  ((s >= MIN_RUN)) && echo "$s" || echo 0
+  ((s < MIN_RUN)) && s=$MIN_RUN
+  ((left >= MIN_RUN)) && echo "$s" || echo 0
 }
 
 STATUS=$LOGS/status.tsv   # config phase status seconds: read by report.py
@@ -157,7 +158,7 @@ run_cfg() {
   read -r -a extra_a <<<"$extra"
   local base=$LOGS/$name.$phase
   local cmd=(env PYTHONUNBUFFERED=1 "${env_a[@]}" timeout -k 5 "$secs" "${pre_a[@]}" "$PY" "$TRAIN"
-             --config "$name" "${extra_a[@]}" "$@" --time-limit $((secs > 20 ? secs - 8 : secs - 4)))
+             --config "$name" "${extra_a[@]}" "$@" --time-limit $((secs > 6 ? secs - 3 : 3)))
   if ((DRY)); then
     printf '%q ' "${cmd[@]}"; echo
     return 0
@@ -260,7 +261,7 @@ if ((!REPLAY)); then
   REPLAY_STATUS="skipped (--no-replay)"
 elif ((!HAVE_SHIM)) && ((!DRY)); then
   REPLAY_STATUS="skipped: no ${LIB#"$ROOT"/}"
-elif ! ((DRY)) && ! "$GS" replay --help >/dev/null 2>&1; then
+elif ! ((DRY)) && [[ $("$GS" replay --help 2>&1) != *--capacity-gb* ]]; then
   REPLAY_STATUS="skipped: this gpustitch has no replay command"
 else
   REC=$TRACE

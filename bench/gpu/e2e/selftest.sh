@@ -22,7 +22,7 @@ case $1 in
   run) shift; [[ $1 == --keep-framework-cache ]] && { export SELFTEST_KEEP=1; shift; }
        [[ $1 == -- ]] && shift
        export SELFTEST_SHIM=1; exec "$@" ;;
-  replay) [[ ${2:-} == --help ]] && exit 0
+  replay) [[ ${2:-} == --help ]] && { echo "  --capacity-gb FLOAT"; exit 0; }
           echo '{"trace":"t.csv","events":10,"policies":[{"policy":"cuda-malloc","peak_reserved_bytes":2147483648,"peak_allocated_bytes":1073741824,"fragmentation_at_peak":0.5,"ooms":0,"ns_per_op":46000.0,"ns_per_alloc":50000,"ns_per_free":42000}]}' ;;
   *) exit 2 ;;
 esac
