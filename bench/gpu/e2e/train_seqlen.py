@@ -23,9 +23,10 @@ Modes:
                         per rung as it finishes, so a killed ladder still says how far it got.
 
 The last line printed is one JSON object (see result fields in main()). OOM
-(torch.OutOfMemoryError, or any error after which the pool counted an out-of-memory: the pluggable
-allocator may return NULL without PyTorch raising OutOfMemoryError) ends the run with "oom": true
-and exit status 0; any other error gives "error" and exit status 1.
+(torch.OutOfMemoryError; a CUDA error saying "out of memory", which is how PyTorch reports a
+failed cudaMalloc under PYTORCH_NO_CUDA_MEMORY_CACHING=1; or any error after which the pool
+counted an out-of-memory, as when the pluggable allocator returns NULL) ends the run with
+"oom": true and exit status 0; any other error gives "error" and exit status 1.
 
 Where the memory figures come from:
   - PyTorch's allocators (default, expandable_segments, max_split_size_mb, cudaMallocAsync):
@@ -313,6 +314,9 @@ def main():
         st = shim.stats()
         if st is not None and ooms_before is not None and st["ooms"] > ooms_before:
             return "oom"  # e.g. the pluggable allocator returned NULL
+        # PYTORCH_NO_CUDA_MEMORY_CACHING=1 reports a failed cudaMalloc as a plain CUDA error.
+        if "out of memory" in str(e).lower():
+            return "oom"
         return "error"
 
     def shim_ooms():
