@@ -221,7 +221,9 @@ def write(outdir):
     L = []
     L.append("## End to end: GPT training, sequence length 256..8192, fixed memory budget")
     L.append("")
-    L.append(f"{meta.get('date', '?')}, {meta.get('gpu') or 'GPU unknown'}, "
+    gpu = meta.get("gpu") or next((r["timed"].get("gpu") for r in rows if r["timed"].get("gpu")),
+                                  "GPU unknown")
+    L.append(f"{meta.get('date', '?')}, {gpu}, "
              f"host {meta.get('host', '?')}. Command: `{meta.get('command', '?')}`")
     m = next((r["timed"].get("model") for r in rows if r["timed"].get("model")), None)
     torch_v = next((r["timed"].get("torch") for r in rows if r["timed"].get("torch")), "?")

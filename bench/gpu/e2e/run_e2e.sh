@@ -313,6 +313,10 @@ else
     ((rc == 0)) && REPLAY_STATUS="$((SECONDS - t))s"
     REPLAY_STATUS+=", $what, capacity $CAP GiB"
   fi
+  # Keep the traces (to replay elsewhere: `gpustitch replay FILE`), compressed.
+  for f in "$OUTDIR/train-trace.csv" "$OUTDIR/synthetic-trace.csv"; do
+    [[ -f $f ]] && ! ((DRY)) && gzip -f "$f" 2>/dev/null
+  done
 fi
 ((DRY)) || echo "$REPLAY_STATUS" >"$LOGS/replay_status"
 
