@@ -9,7 +9,8 @@
 #   BUILD          build folder (relative to the repo root or absolute) holding
 #                  preload/libgpustitch.so and tools/gpustitch (e.g. .devbuild from
 #                  tools/gpu/pack-build.sh); shim configurations are skipped without them
-#   OUTDIR         where e2e.md, e2e.json and logs/ go (created)
+#   OUTDIR         where e2e.md, e2e.json and logs/ go (created; relative to the current
+#                  directory)
 #   --quick        smoke run (about 100 s): no ladder, every configuration at batch 2 for a
 #                  few steps, the replay only if time is left
 #   --dry-run      print the plan and the commands instead of running them
@@ -40,11 +41,12 @@
 # build folder can be copied to any absolute path.
 set -uo pipefail
 
+CALLER_PWD=$PWD
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../../.." && pwd)
 cd "$ROOT" || exit 2
 
-usage() { sed -n '2,39p' "$0"; }
+usage() { sed -n '2,40p' "$0"; }
 POS=()
 QUICK=0
 DRY=0
@@ -82,13 +84,13 @@ if ((${#POS[@]} != 2)); then usage >&2; exit 2; fi
 BUILD=${POS[0]}
 OUTDIR=${POS[1]}
 [[ $BUILD = /* ]] || BUILD=$ROOT/$BUILD
-[[ $OUTDIR = /* ]] || OUTDIR=$PWD/$OUTDIR
+[[ $OUTDIR = /* ]] || OUTDIR=$CALLER_PWD/$OUTDIR
 if ((QUICK)); then
   STEPS=5; WARMUP=2
   [[ -n $TIME_BUDGET ]] || TIME_BUDGET=100
 fi
 [[ -n $TIME_BUDGET ]] || TIME_BUDGET=330
-[[ -n $TRACE && $TRACE != /* ]] && TRACE=$PWD/$TRACE
+[[ -n $TRACE && $TRACE != /* ]] && TRACE=$CALLER_PWD/$TRACE
 
 LIB=$BUILD/preload/libgpustitch.so
 GS=$BUILD/tools/gpustitch
