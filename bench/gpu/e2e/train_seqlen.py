@@ -9,7 +9,8 @@ Memory budget. Before anything else the script allocates one "balloon" tensor th
 --budget-gb of the device's free memory for training. The balloon is allocated with the allocator
 under test (PyTorch's, the shim's pool, the pluggable allocator), so every configuration sees the
 same physical budget, and it is counted in that allocator's statistics: the figures reported are
-peak minus balloon. The balloon is a multiple of 2 MiB so that no allocator rounds it.
+peak minus balloon. The balloon is a multiple of 20 MiB so that no allocator rounds it
+(expandable_segments maps 20 MiB pages; the others round to 2 MiB).
 
 Sequence lengths come from random.Random(--seed): every configuration and every batch size sees
 the same lengths in the same order.
@@ -202,7 +203,8 @@ def main():
     # --- balloon: everything but the budget, with the allocator under test ---
     free, total = torch.cuda.mem_get_info(0)
     budget = int(args.budget_gb * GIB)
-    balloon_bytes = max(0, (free - budget) // (2 * MIB) * (2 * MIB)) if budget > 0 else 0
+    grain = 20 * MIB  # expandable_segments maps 20 MiB pages; everyone else rounds to 2 MiB
+    balloon_bytes = max(0, (free - budget) // grain * grain) if budget > 0 else 0
     result.update(device_total_bytes=total, device_free_at_start_bytes=free,
                   balloon_bytes=balloon_bytes)
     try:
