@@ -338,7 +338,12 @@ def main():
         for b in batches:
             elapsed = time.perf_counter() - t_start
             if args.time_limit and last is not None:
-                expected = last["wall_s"] * b / last["batch"]
+                # From the last rung's steady-state speed (its first steps include one-off
+                # start-up costs that would overestimate).
+                if last.get("tokens_per_s"):
+                    expected = b * sum(lengths()) / last["tokens_per_s"]
+                else:
+                    expected = last["wall_s"] * b / last["batch"]
                 if elapsed + expected > args.time_limit:
                     stopped = "time"
                     break
