@@ -1,0 +1,384 @@
+#!/usr/bin/env python3
+"""Collects run_e2e.sh's results into OUTDIR/e2e.md and OUTDIR/e2e.json.
+
+    report.py common OUTDIR   prints the common batch: the largest batch every configuration's
+                              ladder survived (configurations whose ladder gave no usable result
+                              -- skipped, crashed before a rung, failed at the first rung -- do
+                              not count); 0 if there is none
+    report.py write OUTDIR    writes e2e.md and e2e.json and prints e2e.md
+    report.py brief FILE      one line about one run (train_seqlen.py output), for the log
+
+Reads what run_e2e.sh leaves in OUTDIR: meta.json, logs/status.tsv (config, phase, status,
+seconds), logs/<config>.<ladder|timed>.out (train_seqlen.py's output: "rung {json}" lines and a
+final JSON line), logs/<config>.timed.err (the shim's exit summary), logs/common_batch,
+logs/replay_status and replay.json (`gpustitch replay --json --gpu`).
+
+Issue 7's targets (item 4) are checked from the same run and each is marked PASS or MISS; a MISS
+is where gpustitch loses a comparison, and the table says so.
+"""
+import json
+import os
+import re
+import sys
+
+GIB = 1 << 30
+DEFAULT = "pytorch-default"
+SHIM_CACHE = "gpustitch+pytorch-cache"
+SHIM = "gpustitch"
+PLUGGABLE = "gpustitch-pluggable"
+SUMMARY_RE = re.compile(r"gpustitch.*summary device")
+
+
+def read(path, default=""):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return default
+
+
+def last_json(text):
+    """The last line of text that parses as a JSON object, or None."""
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    return None
+
+
+def rungs(text):
+    out = []
+    for line in text.splitlines():
+        if line.startswith("rung {"):
+            try:
+                out.append(json.loads(line[5:]))
+            except ValueError:
+                pass
+    return out
+
+
+def statuses(outdir):
+    st = {}
+    for line in read(os.path.join(outdir, "logs", "status.tsv")).splitlines():
+        parts = line.split("\t")
+        if len(parts) >= 4:
+            st[(parts[0], parts[1])] = {"status": parts[2], "seconds": int(parts[3] or 0)}
+    return st
+
+
+def ladder_result(outdir, name, st):
+    """{max_ok_batch, stopped, usable, rungs, status}: from the final JSON, else the rung lines."""
+    s = st.get((name, "ladder"), {}).get("status", "not run")
+    text = read(os.path.join(outdir, "logs", f"{name}.ladder.out"))
+    res = last_json(text)
+    rl = rungs(text)
+    if res and "max_ok_batch" in res:
+        out = {"max_ok_batch": res["max_ok_batch"], "stopped": res.get("stopped"), "rungs": rl,
+               "error": res.get("error")}
+    else:
+        ok = [r["batch"] for r in rl if r.get("ok")]
+        stopped = "timeout" if s == "timeout" else ("skipped" if s.startswith("skipped") else
+                                                    ("crashed" if s.startswith("exit") else s))
+        if res and res.get("error"):
+            stopped = "error"
+        out = {"max_ok_batch": max(ok) if ok else 0, "stopped": stopped, "rungs": rl,
+               "error": (res or {}).get("error")}
+    out["status"] = s
+    out["seconds"] = st.get((name, "ladder"), {}).get("seconds")
+    # Usable for the common batch: it ran at least one rung, successfully.
+    out["usable"] = out["max_ok_batch"] > 0
+    return out
+
+
+def common_batch(outdir):
+    meta = json.loads(read(os.path.join(outdir, "meta.json"), "{}") or "{}")
+    st = statuses(outdir)
+    best = [ladder_result(outdir, n, st) for n in meta.get("configs", [])]
+    usable = [b["max_ok_batch"] for b in best if b["usable"]]
+    return min(usable) if usable else 0
+
+
+def gib(b):
+    return "-" if b is None else f"{b / GIB:.2f}"
+
+
+def pct(x):
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def ratio(a, b):
+    return None if a is None or not b else a / b
+
+
+def fmt_ratio(r, digits=3):
+    return "-" if r is None else f"{r:.{digits}f}"
+
+
+def md_escape(s):
+    return str(s).replace("|", "\\|")
+
+
+def write(outdir):
+    meta = json.loads(read(os.path.join(outdir, "meta.json"), "{}") or "{}")
+    st = statuses(outdir)
+    names = meta.get("configs", [])
+    common = read(os.path.join(outdir, "logs", "common_batch")).strip() or "?"
+    rows = []
+    for name in names:
+        lad = ladder_result(outdir, name, st) if not meta.get("quick") else None
+        tstat = st.get((name, "timed"), {}).get("status", "not run")
+        ttext = read(os.path.join(outdir, "logs", f"{name}.timed.out"))
+        timed = last_json(ttext) or {}
+        summary = [ln.strip() for ln in read(os.path.join(outdir, "logs", f"{name}.timed.err"))
+                   .splitlines() if SUMMARY_RE.search(ln)]
+        rows.append({"config": name, "ladder": lad, "timed_status": tstat, "timed": timed,
+                     "shim_summary": summary[-1] if summary else None})
+
+    by = {r["config"]: r for r in rows}
+
+    def ok_timed(r):
+        t = r["timed"]
+        return bool(t) and not t.get("oom") and not t.get("error") and t.get("steps_completed")
+
+    demand = None
+    if DEFAULT in by and ok_timed(by[DEFAULT]):
+        demand = by[DEFAULT]["timed"].get("peak_allocated_bytes")
+    base_tps = by[DEFAULT]["timed"].get("tokens_per_s") if DEFAULT in by and ok_timed(
+        by[DEFAULT]) else None
+
+    for r in rows:
+        t = r["timed"]
+        r["reserved_over_demand"] = ratio(t.get("peak_reserved_bytes"), demand) if ok_timed(
+            r) else None
+        r["tokens_per_s_vs_default"] = ratio(t.get("tokens_per_s"), base_tps) if ok_timed(
+            r) else None
+
+    # ---- targets (issue 7, item 4) ----
+    targets = []
+
+    def target(what, value, passed, detail=""):
+        targets.append({"target": what, "value": value,
+                        "result": "n/a" if passed is None else ("PASS" if passed else "MISS"),
+                        "detail": detail})
+
+    shim = by.get(SHIM)
+    if shim and ok_timed(shim):
+        t = shim["timed"]
+        alloc = demand or t.get("peak_allocated_bytes")
+        rr = ratio(t.get("peak_reserved_bytes"), alloc)
+        target("gpustitch: peak reserved <= 1.02 x peak allocated", fmt_ratio(rr),
+               None if rr is None else rr <= 1.02,
+               "against PyTorch default's peak allocated (the program's demand)" if demand else
+               "against the pool's own peak allocated")
+        others = [r for r in rows if r is not shim and ok_timed(r) and
+                  r["timed"].get("peak_reserved_bytes") is not None]
+        mine = t.get("peak_reserved_bytes")
+        if others and mine is not None:
+            low = min(others, key=lambda r: r["timed"]["peak_reserved_bytes"])
+            target("gpustitch: lowest peak reserved of all configurations", gib(mine) + " GiB",
+                   mine <= low["timed"]["peak_reserved_bytes"],
+                   f"lowest other: {low['config']} {gib(low['timed']['peak_reserved_bytes'])} GiB")
+    else:
+        target("gpustitch: peak reserved <= 1.02 x peak allocated", "-", None,
+               "no successful timed run of the gpustitch configuration")
+    if not meta.get("quick"):
+        for name in (SHIM, SHIM_CACHE, PLUGGABLE):
+            if name not in by or not by[name]["ladder"]:
+                continue
+            mine = by[name]["ladder"]["max_ok_batch"]
+            others = [(r["config"], r["ladder"]["max_ok_batch"]) for r in rows
+                      if not r["config"].startswith("gpustitch") and r["ladder"] and
+                      r["ladder"]["usable"]]
+            if others:
+                best = max(others, key=lambda x: x[1])
+                target(f"{name}: largest batch >= every PyTorch allocator's", str(mine),
+                       mine >= best[1], f"best PyTorch allocator: {best[0]} {best[1]}")
+    for name, need in ((SHIM_CACHE, 0.98), (SHIM, 0.95)):
+        r = by.get(name)
+        v = r["tokens_per_s_vs_default"] if r else None
+        target(f"{name}: tokens/s >= {need} x PyTorch default's", fmt_ratio(v),
+               None if v is None else v >= need)
+
+    # ---- replay ----
+    replay = None
+    rj = read(os.path.join(outdir, "replay.json"))
+    if rj.strip():
+        try:
+            replay = json.loads(rj)
+        except ValueError:
+            replay = {"error": "replay.json is not JSON", "text": rj[:2000]}
+    replay_status = read(os.path.join(outdir, "logs", "replay_status")).strip() or "not run"
+
+    doc = {"meta": meta, "common_batch": common, "demand_bytes": demand, "configs": rows,
+           "targets": targets, "replay_status": replay_status, "replay": replay}
+    with open(os.path.join(outdir, "e2e.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+
+    # ---- markdown ----
+    L = []
+    L.append("## End to end: GPT training, sequence length 256..8192, fixed memory budget")
+    L.append("")
+    gpu = meta.get("gpu") or next((r["timed"].get("gpu") for r in rows if r["timed"].get("gpu")),
+                                  "GPU unknown")
+    L.append(f"{meta.get('date', '?')}, {gpu}, "
+             f"host {meta.get('host', '?')}. Command: `{meta.get('command', '?')}`")
+    m = next((r["timed"].get("model") for r in rows if r["timed"].get("model")), None)
+    torch_v = next((r["timed"].get("torch") for r in rows if r["timed"].get("torch")), "?")
+    if m:
+        L.append("")
+        L.append(f"Model: {m['layers']} layers, d_model {m['d_model']}, {m['heads']} heads, "
+                 f"vocab {m['vocab']}, bf16 autocast, AdamW; sequence length uniform in "
+                 f"{m['min_len']}..{m['max_len']} (same seed, same lengths for every "
+                 f"configuration); torch {torch_v}.")
+    L.append(f"Budget: {meta.get('budget_gb', '?')} GiB left by a balloon allocation (made first, "
+             "with the allocator under test, subtracted from every figure). "
+             + ("Quick run: no ladder." if meta.get("quick") else
+                f"Largest batch: ladder {meta.get('ladder')}, {meta.get('ladder_steps')} steps "
+                "each, one process, stopping at the first OOM.")
+             + f" Common batch: {common}, {meta.get('steps')} steps, the first "
+             f"{meta.get('warmup')} not timed.")
+    L.append("")
+    L.append("| configuration | largest batch | peak allocated (GiB) | peak reserved (GiB) | "
+             "fragmentation | reserved / demand | tokens/s | vs default | notes |")
+    L.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        t, lad = r["timed"], r["ladder"]
+        notes = []
+        if lad is None:
+            lb = "-"
+        elif lad["status"].startswith("skipped"):
+            lb, _ = "skipped", notes.append(lad["status"])
+        else:
+            lb = str(lad["max_ok_batch"])
+            if lad["stopped"] in ("time", "timeout"):
+                lb = f">= {lb} (time)"
+            elif lad["stopped"] == "done":
+                lb = f">= {lb} (ladder top)"
+            elif lad["stopped"] not in ("oom",):
+                lb += f" ({lad['stopped']})"
+                if lad.get("error"):
+                    notes.append(f"ladder: {lad['error'][:120]}")
+        if r["timed_status"].startswith("skipped"):
+            notes.append(f"timed run {r['timed_status']}")
+        elif not t:
+            notes.append(f"timed run: {r['timed_status']}, no result")
+        else:
+            if t.get("oom"):
+                notes.append(f"OOM at batch {t.get('batch')}")
+            if t.get("error"):
+                notes.append(f"error: {t['error'][:120]}")
+            if t.get("time_limited"):
+                notes.append(f"cut short: {t.get('steps_completed')} steps")
+            if t.get("peak_reserved_source", "").startswith("gpustitch"):
+                notes.append("reserved: pool")
+            if t.get("peak_allocated_source", "").startswith("gpustitch"):
+                notes.append("allocated: pool")
+            if r["config"].startswith("gpustitch") and not t.get("shim_active"):
+                notes.append("**pool not active**")
+        if r["config"].startswith("gpustitch") and t and not r["shim_summary"] \
+                and not r["timed_status"].startswith("skipped"):
+            notes.append("no shim summary line")
+        ok = ok_timed(r)
+        L.append("| " + " | ".join([
+            md_escape(r["config"]), lb,
+            gib(t.get("peak_allocated_bytes")) if ok else "-",
+            gib(t.get("peak_reserved_bytes")) if ok else "-",
+            pct(t.get("fragmentation")) if ok else "-",
+            fmt_ratio(r["reserved_over_demand"]),
+            f"{t['tokens_per_s']:,.0f}" if ok and t.get("tokens_per_s") else "-",
+            fmt_ratio(r["tokens_per_s_vs_default"]),
+            md_escape("; ".join(notes)) or "",
+        ]) + " |")
+    L.append("")
+    L.append("Fragmentation = 1 - peak allocated / peak reserved, each allocator's own figures "
+             "(PyTorch's statistics; for gpustitch the pool's peak reserved, i.e. the device "
+             "memory it held, and PyTorch's peak allocated where PyTorch keeps statistics, else "
+             "the pool's). Demand = PyTorch default's peak allocated at the common batch: the same "
+             "tensors for every configuration, so *reserved / demand* compares device memory "
+             "across configurations.")
+    L.append("")
+    L.append("### Targets (issue 7)")
+    L.append("")
+    L.append("| target | value | result | detail |")
+    L.append("| --- | --- | --- | --- |")
+    for tg in targets:
+        L.append(f"| {md_escape(tg['target'])} | {tg['value']} | {tg['result']} | "
+                 f"{md_escape(tg['detail'])} |")
+    misses = [tg for tg in targets if tg["result"] == "MISS"]
+    if misses:
+        L.append("")
+        L.append("Where gpustitch loses: " + "; ".join(tg["target"] for tg in misses) +
+                 ". (What would close each gap: see the note that goes with this run.)")
+    summaries = [(r["config"], r["shim_summary"]) for r in rows if r["shim_summary"]]
+    if summaries:
+        L.append("")
+        L.append("Shim exit summaries (timed runs):")
+        L.append("")
+        for name, s in summaries:
+            L.append(f"- {name}: `{s}`")
+    L.append("")
+    L.append("### Trace replay on the GPU")
+    L.append("")
+    if replay and "policies" in replay:
+        cap = replay.get("capacity_bytes")
+        L.append(f"`gpustitch replay --gpu` of {os.path.basename(str(replay.get('trace', '?')))}: "
+                 f"{replay.get('events', '?')} events, device capacity "
+                 f"{gib(cap) if cap else '?'} GiB ({replay_status}).")
+        L.append("")
+        L.append("| policy | peak reserved (GiB) | peak allocated (GiB) | fragmentation at peak | "
+                 "OOMs | ns per op | ns per alloc | ns per free |")
+        L.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        for p in replay["policies"]:
+            L.append("| " + " | ".join([
+                md_escape(p.get("policy")), gib(p.get("peak_reserved_bytes")),
+                gib(p.get("peak_allocated_bytes")), pct(p.get("fragmentation_at_peak")),
+                str(p.get("ooms", "-")),
+                *(f"{p[k]:.0f}" if isinstance(p.get(k), (int, float)) else "-"
+                  for k in ("ns_per_op", "ns_per_alloc", "ns_per_free"))]) + " |")
+    else:
+        L.append(f"Not available: {replay_status}.")
+    L.append("")
+    L.append("Logs of every run: `logs/` next to this file.")
+    text = "\n".join(L) + "\n"
+    with open(os.path.join(outdir, "e2e.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return 0
+
+
+def brief(path):
+    """One line about one run's result, for run_e2e.sh's progress log."""
+    text = read(path)
+    r = last_json(text) or {}
+    parts = []
+    for key in ("max_ok_batch", "stopped", "batch", "steps_completed", "tokens_per_s", "oom",
+                "error"):
+        if r.get(key) not in (None, False, ""):
+            parts.append(f"{key}={r[key]}")
+    for key in ("peak_allocated_bytes", "peak_reserved_bytes"):
+        if r.get(key) is not None:
+            parts.append(f"{key[:-6]}={gib(r[key])}GiB")
+    if not r:
+        n = len(rungs(text))
+        parts.append(f"no result line ({n} rungs)")
+    return " ".join(str(p)[:160] for p in parts)
+
+
+def main(argv):
+    if len(argv) != 3 or argv[1] not in ("common", "write", "brief"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    if argv[1] == "brief":
+        print(brief(argv[2]))
+        return 0
+    if argv[1] == "common":
+        print(common_batch(argv[2]))
+        return 0
+    return write(argv[2])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
