@@ -8,26 +8,98 @@
 // and must be cheap on the allocation path (callbacks run on the allocating thread).
 #include "observers.h"
 
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+
+#include "gpustitch/shm/publisher.h"
+#include "gpustitch/sites/site_sampler.h"
+#include "gpustitch/trace/snapshot.h"
+#include "gpustitch/trace/trace_writer.h"
+
 namespace gpustitch::preload {
+namespace {
+
+// Set once here, read by the publisher's thread on each tick. Never destroyed: the pool and its
+// observers live until the process ends (CUDA's own teardown may still free memory at exit).
+std::atomic<shm::StatsPublisher*> g_publisher{nullptr};
+std::atomic<sites::SiteSampler*> g_sites{nullptr};
+std::atomic<trace::LiveBlockTable*> g_live{nullptr};
+
+// The record's site table from the sampler's top sites.
+void publish_sites(shm::StatsPublisher& publisher, sites::SiteSampler& sampler) {
+  auto top = sampler.top(shm::kMaxSites);
+  std::vector<shm::Site> out(top.size());
+  for (std::size_t i = 0; i < top.size(); ++i) {
+    shm::Site& s = out[i];
+    s = {};
+    s.live_bytes = top[i].live_bytes;
+    s.count = top[i].live_count;
+    s.device = -1;
+    s.frame_count =
+        static_cast<std::uint32_t>(std::min<std::size_t>(top[i].frames.size(), shm::kMaxFrames));
+    for (std::uint32_t k = 0; k < s.frame_count; ++k) {
+      const auto& f = top[i].frames[k];
+      std::snprintf(s.frames[k].function, sizeof s.frames[k].function, "%s", f.function.c_str());
+      std::snprintf(s.frames[k].library, sizeof s.frames[k].library, "%s", f.library.c_str());
+      s.frames[k].offset = f.offset;
+    }
+  }
+  publisher.publish_sites(out);
+}
+
+// Once per statistics interval, on the publisher's thread.
+void on_publisher_tick() {
+  if (trace::LiveBlockTable* live = g_live.load()) {
+    trace::SnapshotRequests::poll(
+        [live] { return trace::build_snapshot(live->blocks(), live->device_count()); });
+  }
+  shm::StatsPublisher* publisher = g_publisher.load();
+  sites::SiteSampler* sampler = g_sites.load();
+  if (publisher != nullptr && sampler != nullptr) publish_sites(*publisher, *sampler);
+}
+
+}  // namespace
 
 void add_configured_observers(const Config& config, Pool& pool, ObserverFanout& fanout,
                               spdlog::logger& log) {
-  (void)pool;
-  (void)fanout;
-  // --- statistics publisher (gpustitch_shm)
-  // ------------------------------------------------------- Wiring point: link gpustitch_shm into
-  // gpustitch_preload and add, when config.publish:
-  //   auto publisher = std::make_unique<gpustitch::shm::StatsPublisher>(pool, config);
-  //   if (!publisher->active()) log.debug("statistics not published: {}", publisher->error());
-  //   fanout.add(std::move(publisher));
-  if (config.publish) log.debug("statistics publishing is not built into this library");
+  // Allocation trace (trace:PATH), in RAPIDS RMM's CSV format.
+  if (auto writer = trace::make_trace_writer(config)) {
+    if (!writer->ok()) log.warn("not tracing to {}", config.trace_path);  // reason on stderr
+    fanout.add(std::move(writer));
+  }
+  // Allocation sites (sites_min_mb / sites_sample).
+  if (auto sampler = sites::make_site_sampler(config)) {
+    g_sites.store(sampler.get());
+    fanout.add(std::move(sampler));
+  }
+  // Live blocks, for `gpustitch snapshot PID` (PyTorch memory_viz format), with their stacks when
+  // sites are sampled.
+  trace::LiveBlockTable::FramesFor frames;
+  if (g_sites.load() != nullptr) {
+    frames = [](DevPtr p) {
+      std::vector<trace::SnapshotFrame> out;
+      if (sites::SiteSampler* s = g_sites.load()) {
+        for (const auto& f : s->frames_of(p)) out.push_back({f.library, 0, f.function});
+      }
+      return out;
+    };
+  }
+  auto table = std::make_unique<trace::LiveBlockTable>(std::move(frames));
+  g_live.store(table.get());
+  fanout.add(std::move(table));
 
-  // --- allocation trace
-  // --------------------------------------------------------------------------- Wiring point: when
-  // config.trace_path is non-empty, add the trace writer (TraceWriter).
-  if (!config.trace_path.empty()) {
-    log.warn("trace:{} requested, but this build has no trace writer; not tracing",
-             config.trace_path);
+  // Shared-memory statistics for gpustitchd and `gpustitch ps/top/show`.
+  if (config.publish) {
+    shm::PublisherOptions options;
+    options.on_tick = on_publisher_tick;
+    auto publisher = std::make_unique<shm::StatsPublisher>(pool, config, std::move(options));
+    if (!publisher->active()) {
+      log.debug("statistics not published: {}", publisher->error());
+    } else {
+      g_publisher.store(publisher.get());
+      fanout.add(std::move(publisher));
+    }
   }
 }
 

@@ -182,6 +182,12 @@ void StatsPublisher::Impl::run() noexcept {
       if (w && w->unlinked()) recreate_locked();
       publish_locked();
     }
+    if (options.on_tick) {
+      try {
+        options.on_tick();
+      } catch (...) {
+      }
+    }
     lk.lock();
     wake.wait_for(lk, std::chrono::milliseconds(interval_ms), [this] { return stopping; });
   }

@@ -49,6 +49,9 @@ struct StatsSource {
 
 struct PublisherOptions {
   std::string prefix = std::string(kDefaultPrefix);  // tests use their own
+  // Called on the publisher's thread once per interval, after publishing, without its locks held
+  // (the preload library polls snapshot requests and refreshes the site table here).
+  std::function<void()> on_tick;
 };
 
 class StatsPublisher final : public gpustitch::PoolObserver {
