@@ -118,6 +118,8 @@ DevicePool::~DevicePool() {
     delete v;
   }
   views_.clear();
+  retry_teardown();
+  for (Handle* h : failed_releases_) delete h;
 }
 
 std::size_t DevicePool::cap_bytes() const noexcept {
@@ -772,13 +774,22 @@ View* DevicePool::view_of(DevPtr ptr) const noexcept {
 
 void DevicePool::destroy_view(View* v) noexcept {
   free_.erase(v->first);
+  bool unmapped = true;
   for (const Piece& p : v->pieces) {
-    backend_.unmap(v->base + p.offset, p.size);
+    if (backend_.unmap(v->base + p.offset, p.size) != Status::ok) {
+      failed_unmaps_.push_back({v->base + p.offset, p.size});
+      unmapped = false;
+    }
     --p.handle->maps;
   }
-  backend_.unreserve(v->base, v->size);
+  if (!unmapped || backend_.unreserve(v->base, v->size) != Status::ok) {
+    failed_unreserves_.push_back({v->base, v->size});
+  }
   for (Handle* h : v->owned) {
-    backend_.release(h->id);
+    if (backend_.release(h->id) != Status::ok) {
+      failed_releases_.push_back(h);  // still held by the device: still counted
+      continue;
+    }
     stats_.bytes_reserved -= h->size;
     --stats_.handles;
     delete h;
@@ -788,6 +799,24 @@ void DevicePool::destroy_view(View* v) noexcept {
   delete v->first;
   views_.erase(v->base);
   delete v;
+}
+
+void DevicePool::retry_teardown() noexcept {
+  std::erase_if(failed_unmaps_,
+                [&](const Range& r) { return backend_.unmap(r.ptr, r.size) == Status::ok; });
+  std::erase_if(failed_unreserves_, [&](const Range& r) {
+    for (const Range& m : failed_unmaps_) {
+      if (m.ptr >= r.ptr && m.ptr < r.ptr + r.size) return false;
+    }
+    return backend_.unreserve(r.ptr, r.size) == Status::ok;
+  });
+  std::erase_if(failed_releases_, [&](Handle* h) {
+    if (backend_.release(h->id) != Status::ok) return false;
+    stats_.bytes_reserved -= h->size;
+    --stats_.handles;
+    delete h;
+    return true;
+  });
 }
 
 void DevicePool::dissolve(View* v) noexcept {
@@ -900,7 +929,8 @@ std::size_t DevicePool::trim_locked(std::size_t keep, Outcome* outcome) noexcept
   const std::size_t reserved_before = stats_.bytes_reserved;
   std::size_t handles_before = stats_.handles;
   auto cached = [&] { return stats_.bytes_reserved - stats_.bytes_allocated - small_allocated(); };
-  if (cached() <= keep) return 0;
+  retry_teardown();
+  if (cached() <= keep) return reserved_before - stats_.bytes_reserved;
   // Idle stitched views first: dissolving one gives its borrowed blocks back to their views,
   // which may then be wholly free. Repeat for stitched views built from stitched views.
   for (bool changed = true; changed;) {

@@ -100,6 +100,7 @@ class DevicePool final : private ChunkSource {
   void fq_remove(Block* b) noexcept;
   void destroy_view(View* v) noexcept;
   void dissolve(View* v) noexcept;
+  void retry_teardown() noexcept;  // lock held
   View* view_of(DevPtr ptr) const noexcept;
   void lendable(Block* b, std::vector<Segment>* out) const noexcept;
   void slices_of(DevPtr ptr, std::size_t size, std::vector<Slice>* out) const noexcept;
@@ -145,6 +146,16 @@ class DevicePool final : private ChunkSource {
   std::vector<int> access_;  // this device and its peers
 
   std::map<DevPtr, View*> views_;
+  // Teardown calls the driver refused in destroy_view (unmap, unreserve, release): kept and
+  // retried at every trim and at destruction, so that nothing leaks and bytes_reserved keeps
+  // counting the handles the device still holds.
+  struct Range {
+    DevPtr ptr;
+    std::size_t size;
+  };
+  std::vector<Range> failed_unmaps_;
+  std::vector<Range> failed_unreserves_;  // retried once no failed unmap lies inside
+  std::vector<Handle*> failed_releases_;
   FreeSet free_;
   std::unordered_map<Stream, FreeSet> stream_free_;
   std::unordered_map<DevPtr, LiveEntry> live_;
