@@ -221,7 +221,8 @@ TEST_F(CliStats, DoctorAcceptsASharedLibraryAndRejectsOtherFiles) {
   ::close(fd);
   auto [rc, out] = cli({"doctor", "--json", "--preload", lib});
   ::unlink(lib);
-  for (const auto& c : json::parse(out)["checks"])
+  json report = json::parse(out);
+  for (const auto& c : report["checks"])
     if (c["check"] == "preload") EXPECT_EQ(c["status"], "fail");
   // Any 64-bit shared object passes the file check: the C library will do.
   std::string libc;
@@ -230,7 +231,8 @@ TEST_F(CliStats, DoctorAcceptsASharedLibraryAndRejectsOtherFiles) {
     if (::access(cand, R_OK) == 0) libc = cand;
   if (libc.empty()) GTEST_SKIP();
   auto [rc2, out2] = cli({"doctor", "--json", "--preload", libc});
-  for (const auto& c : json::parse(out2)["checks"])
+  json report2 = json::parse(out2);
+  for (const auto& c : report2["checks"])
     if (c["check"] == "preload") EXPECT_EQ(c["status"], "ok") << c.dump();
 }
 
