@@ -152,13 +152,6 @@ const std::vector<KeySpec>& key_specs() {
          if (!parse_u64(v, &n) || n > UINT32_MAX) return false;
          return c.sites_sample = static_cast<unsigned>(n), true;
        }},
-      {"coop", "on or off", [](std::string_view v, Config& c) { return parse_bool(v, &c.coop); }},
-      {"coop_wait_ms", "milliseconds up to 10000",
-       [](std::string_view v, Config& c) {
-         std::uint64_t n;
-         if (!parse_u64(v, &n) || n > 10000) return false;
-         return c.coop_wait_ms = static_cast<unsigned>(n), true;
-       }},
   };
   return specs;
 }

@@ -50,8 +50,6 @@ struct Config {
   unsigned publish_interval_ms = 100;  // publish_interval_ms
   std::size_t sites_min_size = 0;      // sites_min_mb: capture stacks at/above (0=off)
   unsigned sites_sample = 0;           // sites_sample: capture 1 in K (0=off)
-  bool coop = true;                    // coop:on|off (cooperative release)
-  unsigned coop_wait_ms = 50;          // coop_wait_ms
 };
 
 struct ConfigResult {
