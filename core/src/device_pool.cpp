@@ -56,9 +56,9 @@ thread_local Outcome* tl_chunk_outcome = nullptr;
 std::atomic<unsigned> next_arena_index{0};
 thread_local unsigned tl_arena_index = UINT32_MAX;
 
-constexpr std::size_t kLargeBuffer = 20 * MiB;  // PyTorch's slack for oversize blocks
-constexpr std::uint64_t kCheapFenceNs = 50'000;   // a fence this fast means an idle device
-constexpr std::size_t kCheapStitchPieces = 8;      // ~8 x 27 us of cuMemSetAccess on an H200
+constexpr std::size_t kLargeBuffer = 20 * MiB;   // PyTorch's slack for oversize blocks
+constexpr std::uint64_t kCheapFenceNs = 50'000;  // a fence this fast means an idle device
+constexpr std::size_t kCheapStitchPieces = 8;    // ~8 x 27 us of cuMemSetAccess on an H200
 
 std::uint64_t monotonic_ns() {
   timespec ts{};
@@ -307,25 +307,32 @@ void DevicePool::release_arena_chunks(bool drop_stream_caches) noexcept {
 Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream stream, Block** out,
                                   Outcome* outcome) noexcept {
   (void)size;
-  if (Block* b = take_cached(rounded, stream)) {
+  // Each way of serving the request, with its bookkeeping.
+  auto cached = [&](bool relaxed) {
+    Block* b = take_cached(rounded, stream, relaxed);
+    if (b == nullptr) return false;
     ++stats_.cache_hits;
     outcome->how = ServedBy::cache;
     *out = b;
-    return Status::ok;
-  }
+    return true;
+  };
+  auto stitched = [&](std::size_t max_pieces) {
+    std::size_t pieces = 0;
+    if (!config_.stitching || stitch(rounded, out, &pieces, max_pieces) != Status::ok) return false;
+    ++stats_.stitches;
+    stats_.stitched_bytes += rounded;
+    outcome->how = ServedBy::stitched;
+    outcome->add(make_event(EventKind::stitch, rounded, pieces));
+    return true;
+  };
+  if (cached(false)) return Status::ok;
   // Memory waiting for its fence: fence here instead of taking fresh memory if that is cheap,
   // i.e. the last fence found the device idle (a tight allocate/free loop with cudaFree
   // semantics), or if the pool fences only on demand. A busy device is left to the reclaimer.
-  if (fq_head_ != nullptr &&
-      (!config_.background_reclaim ||
-       last_fence_ns_.load(std::memory_order_relaxed) < kCheapFenceNs)) {
+  if (fq_head_ != nullptr && (!config_.background_reclaim ||
+                              last_fence_ns_.load(std::memory_order_relaxed) < kCheapFenceNs)) {
     fence_locked();
-    if (Block* b = take_cached(rounded, stream)) {
-      ++stats_.cache_hits;
-      outcome->how = ServedBy::cache;
-      *out = b;
-      return Status::ok;
-    }
+    if (cached(false)) return Status::ok;
   }
   // Much memory waiting for its fence (the program runs ahead of the device, freeing as it goes):
   // wait for the device rather than grow the pool by what is about to come back anyway.
@@ -333,26 +340,12 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
   if (stream == kAnyStream && fq_head_ != nullptr && stats_.bytes_pending >= rounded &&
       stats_.bytes_pending * 8 >= stats_.bytes_reserved) {
     fence_locked();
-    if (Block* b = take_cached(rounded, stream)) {
-      ++stats_.cache_hits;
-      outcome->how = ServedBy::cache;
-      *out = b;
-      return Status::ok;
-    }
+    if (cached(false)) return Status::ok;
   }
   // Cached memory that no single block can serve: stitch it if a few handles do, rather than grow
   // the pool (peak reserved stays close to peak allocated). Many small handles cost more to map
   // than fresh memory costs to create, so then fresh memory is taken first.
-  if (config_.stitching) {
-    std::size_t pieces = 0;
-    if (stitch(rounded, out, &pieces, kCheapStitchPieces) == Status::ok) {
-      ++stats_.stitches;
-      stats_.stitched_bytes += rounded;
-      outcome->how = ServedBy::stitched;
-      outcome->add(make_event(EventKind::stitch, rounded, pieces));
-      return Status::ok;
-    }
-  }
+  if (stitched(kCheapStitchPieces)) return Status::ok;
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (create_fresh(rounded, out) == Status::ok) {
       ++stats_.fresh;
@@ -362,39 +355,16 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
     // No fresh memory: memory still waiting for its fence is the cheapest to get back.
     if (has_pending()) {
       fence_locked();
-      if (Block* b = take_cached(rounded, stream)) {
-        ++stats_.cache_hits;
-        outcome->how = ServedBy::cache;
-        *out = b;
-        return Status::ok;
-      }
+      if (cached(false)) return Status::ok;
     }
-    if (config_.stitching) {
-      std::size_t pieces = 0;
-      if (stitch(rounded, out, &pieces) == Status::ok) {
-        ++stats_.stitches;
-        stats_.stitched_bytes += rounded;
-        outcome->how = ServedBy::stitched;
-        outcome->add(make_event(EventKind::stitch, rounded, pieces));
-        return Status::ok;
-      }
-    }
-    // The device is full: a cached block may now be split where its remainder gets pinned.
-    if (Block* b = take_cached(rounded, stream, /*relaxed=*/true)) {
-      ++stats_.cache_hits;
-      outcome->how = ServedBy::cache;
-      *out = b;
-      return Status::ok;
-    }
+    if (stitched(SIZE_MAX)) return Status::ok;
+    // The device is full: a cached block may now be cut with any waste (never inside a handle
+    // where only whole handles can be stitched).
+    if (cached(true)) return Status::ok;
     // Give idle memory back to the driver (whole free views, idle stitched views) and retry:
     // PyTorch's free-cache-and-retry, which also heals fragmentation when stitching is off.
     if (attempt == 0 && trim_locked(0, outcome) == 0) break;
-    if (Block* b = take_cached(rounded, stream)) {
-      ++stats_.cache_hits;
-      outcome->how = ServedBy::cache;
-      *out = b;
-      return Status::ok;
-    }
+    if (cached(false)) return Status::ok;
   }
   return Status::out_of_memory;
 }
