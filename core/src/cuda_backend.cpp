@@ -40,6 +40,7 @@
 #include <dlfcn.h>
 
 #include <cstdio>
+#include <cstring>
 #include <new>
 #include <vector>
 
@@ -76,6 +77,8 @@ struct Driver {
 #undef GPUSTITCH_DECLARE
   // Optional: without it, calls behave as the driver's default capture mode says.
   decltype(&::cuThreadExchangeStreamCaptureMode) cuThreadExchangeStreamCaptureMode = nullptr;
+  // Optional: without it, device_uuid() reports not_supported.
+  decltype(&::cuDeviceGetUuid) cuDeviceGetUuid = nullptr;
 };
 
 // While another thread captures a CUDA graph in the global capture mode, "unsafe" calls from any
@@ -148,6 +151,8 @@ struct DeviceInfo {
   std::size_t granularity = 0;
   CUmemAllocationProp prop{};  // what create() passes to cuMemCreate
   bool map_offset = false;
+  bool has_uuid = false;
+  DeviceUuid uuid{};
 };
 
 class CudaBackend final : public Backend {
@@ -170,6 +175,14 @@ class CudaBackend final : public Backend {
 
   bool supports_map_offset(int device) noexcept override {
     return valid(device) && devices_[device].map_offset;
+  }
+
+  Status device_uuid(int device, DeviceUuid* out) noexcept override {
+    if (!valid(device)) return Status::invalid_device;
+    if (out == nullptr) return Status::invalid_value;
+    if (!devices_[device].has_uuid) return Status::not_supported;
+    *out = devices_[device].uuid;
+    return Status::ok;
   }
 
   Status mem_info(int device, std::size_t* free, std::size_t* total) noexcept override {
@@ -405,6 +418,8 @@ std::unique_ptr<Backend> load(std::string* why, DriverResolver resolver, void* r
   d.cuThreadExchangeStreamCaptureMode =
       reinterpret_cast<decltype(d.cuThreadExchangeStreamCaptureMode)>(
           loader.resolve("cuThreadExchangeStreamCaptureMode"));
+  d.cuDeviceGetUuid =
+      reinterpret_cast<decltype(d.cuDeviceGetUuid)>(loader.resolve("cuDeviceGetUuid"));
   if (missing != nullptr) {
     char text[160];
     std::snprintf(text, sizeof text, "driver entry point %s not found (driver too old?)", missing);
@@ -458,6 +473,12 @@ std::unique_ptr<Backend> load(std::string* why, DriverResolver resolver, void* r
       set_why(why, text);
       release_retained();
       return nullptr;
+    }
+    CUuuid uuid{};
+    if (d.cuDeviceGetUuid != nullptr && d.cuDeviceGetUuid(&uuid, info.device) == CUDA_SUCCESS) {
+      static_assert(sizeof uuid.bytes == std::tuple_size_v<DeviceUuid>);
+      std::memcpy(info.uuid.data(), uuid.bytes, sizeof uuid.bytes);
+      info.has_uuid = true;
     }
     d.cuDeviceGetAttribute(
         &posix_fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, info.device);

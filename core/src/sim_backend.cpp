@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include <condition_variable>
+#include <cstring>
+#include <ctime>
 #include <map>
 #include <unordered_map>
 
@@ -28,6 +30,7 @@ struct SimBackend::State {
     bool accessible;
   };
   mutable std::mutex mu;
+  std::uint64_t identity = 0;  // distinguishes this backend's devices from any other's (UUIDs)
   std::condition_variable device_cv;
   bool device_held = false;
   std::vector<std::size_t> used;
@@ -71,6 +74,12 @@ SimBackend::SimBackend(SimOptions options) : options_(options), state_(std::make
   }
   state_->used.assign(options_.devices, 0);
   state_->external.assign(options_.devices, 0);
+  static std::atomic<std::uint64_t> instances{0};
+  timespec now{};
+  clock_gettime(CLOCK_REALTIME, &now);
+  state_->identity = (static_cast<std::uint64_t>(getpid()) << 40) ^
+                     (static_cast<std::uint64_t>(now.tv_sec) << 20) ^
+                     static_cast<std::uint64_t>(now.tv_nsec) ^ (instances.fetch_add(1) << 56);
   // Each handle is a file descriptor: allow as many as the hard limit permits.
   rlimit lim{};
   if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
@@ -131,6 +140,17 @@ std::size_t SimBackend::granularity(int) noexcept {
 }
 bool SimBackend::supports_map_offset(int) noexcept {
   return options_.map_offset;
+}
+
+Status SimBackend::device_uuid(int device, DeviceUuid* out) noexcept {
+  if (device < 0 || device >= options_.devices) return Status::invalid_device;
+  if (out == nullptr) return Status::invalid_value;
+  DeviceUuid uuid{'S', 'I', 'M', 0};
+  std::memcpy(uuid.data() + 4, &state_->identity, sizeof state_->identity);
+  const auto ordinal = static_cast<std::uint32_t>(device);
+  std::memcpy(uuid.data() + 12, &ordinal, sizeof ordinal);
+  *out = uuid;
+  return Status::ok;
 }
 
 Status SimBackend::mem_info(int device, std::size_t* free, std::size_t* total) noexcept {

@@ -97,6 +97,14 @@ void add_configured_observers(const Config& config, Pool& pool, ObserverFanout& 
     if (!publisher->active()) {
       log.debug("statistics not published: {}", publisher->error());
     } else {
+      // Device UUIDs: what tells processes (and gpustitchd) which of them share a GPU.
+      for (int d = 0; d < pool.device_count() && d < shm::kMaxDevices; ++d) {
+        DeviceUuid uuid{};
+        if (pool.backend().device_uuid(d, &uuid) != Status::ok) continue;
+        std::uint8_t raw[shm::kUuidBytes];
+        std::copy(uuid.begin(), uuid.end(), raw);
+        publisher->set_device_uuid(d, raw);
+      }
       g_publisher.store(publisher.get());
       fanout.add(std::move(publisher));
     }

@@ -54,3 +54,19 @@ TEST(SimBackend, CapacityAndFaultsAreEnforced) {
   EXPECT_EQ(sim.used(0), 0u);
   EXPECT_EQ(sim.release(h), Status::invalid_value);
 }
+
+TEST(SimBackend, DeviceUuidsIdentifyEachSimulatedDevice) {
+  gpustitch::SimOptions opts;
+  opts.devices = 2;
+  gpustitch::SimBackend a(opts), b(opts);
+  gpustitch::DeviceUuid a0{}, a0_again{}, a1{}, b0{};
+  ASSERT_EQ(a.device_uuid(0, &a0), gpustitch::Status::ok);
+  ASSERT_EQ(a.device_uuid(0, &a0_again), gpustitch::Status::ok);
+  ASSERT_EQ(a.device_uuid(1, &a1), gpustitch::Status::ok);
+  ASSERT_EQ(b.device_uuid(0, &b0), gpustitch::Status::ok);
+  EXPECT_EQ(a0, a0_again);  // stable
+  EXPECT_NE(a0, a1);        // per device
+  EXPECT_NE(a0, b0);        // per backend: two simulated devices are never one GPU
+  EXPECT_EQ(a.device_uuid(2, &a0), gpustitch::Status::invalid_device);
+  EXPECT_EQ(a.device_uuid(0, nullptr), gpustitch::Status::invalid_value);
+}

@@ -30,6 +30,14 @@ class Backend {
   // partly used handle can be stitched, or only whole free handles.
   virtual bool supports_map_offset(int device) noexcept = 0;
 
+  // The device's UUID (cuDeviceGetUuid): what identifies one GPU across processes, whose ordinals
+  // differ with CUDA_VISIBLE_DEVICES. not_supported when the backend cannot tell.
+  virtual Status device_uuid(int device, DeviceUuid* out) noexcept {
+    (void)device;
+    (void)out;
+    return Status::not_supported;
+  }
+
   // Free and total physical memory of the device as the driver sees it.
   virtual Status mem_info(int device, std::size_t* free, std::size_t* total) noexcept = 0;
 

@@ -48,6 +48,9 @@ class SimBackend final : public Backend {
   int device_count() noexcept override { return options_.devices; }
   std::size_t granularity(int device) noexcept override;
   bool supports_map_offset(int device) noexcept override;
+  // "GPU-5349xxxx-...": unique to this backend object and device (a simulated device is private
+  // to its backend), so processes never take two simulated devices for one GPU.
+  Status device_uuid(int device, DeviceUuid* out) noexcept override;
   Status mem_info(int device, std::size_t* free, std::size_t* total) noexcept override;
   Status reserve(int device, std::size_t size, DevPtr* out) noexcept override;
   Status unreserve(DevPtr ptr, std::size_t size) noexcept override;

@@ -1,6 +1,7 @@
 // Small vocabulary types shared by every layer of the allocator core.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 
@@ -32,6 +33,9 @@ enum class Status : int {
 };
 
 const char* to_string(Status s) noexcept;
+
+// A GPU's UUID, as cuDeviceGetUuid returns it (16 raw bytes).
+using DeviceUuid = std::array<std::uint8_t, 16>;
 
 inline constexpr std::size_t KiB = 1024;
 inline constexpr std::size_t MiB = 1024 * KiB;
