@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 
 #include "gpustitch/shm/publisher.h"
 #include "gpustitch/sites/site_sampler.h"
@@ -46,6 +47,24 @@ void publish_sites(shm::StatsPublisher& publisher, sites::SiteSampler& sampler) 
     }
   }
   publisher.publish_sites(out);
+}
+
+// The record name prefix: "gpustitch", or $GPUSTITCH_SHM_PREFIX (as the CLI reads it) so that a
+// test or a second, private gpustitchd (record_prefix) can keep its processes apart. Letters,
+// digits,
+// '_' and '-' only: the prefix becomes part of a file name in /dev/shm.
+std::string record_prefix(spdlog::logger& log) {
+  const char* env = std::getenv("GPUSTITCH_SHM_PREFIX");
+  if (env == nullptr || *env == '\0') return std::string(shm::kDefaultPrefix);
+  std::string prefix(env);
+  bool valid = prefix.size() <= 64 && std::all_of(prefix.begin(), prefix.end(), [](char c) {
+                 return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                        (c >= '0' && c <= '9') || c == '_' || c == '-';
+               });
+  if (valid) return prefix;
+  log.warn("GPUSTITCH_SHM_PREFIX: '{}' is not letters, digits, '_' or '-'; using '{}'", prefix,
+           shm::kDefaultPrefix);
+  return std::string(shm::kDefaultPrefix);
 }
 
 // Once per statistics interval, on the publisher's thread.
@@ -92,6 +111,7 @@ void add_configured_observers(const Config& config, Pool& pool, ObserverFanout& 
   // Shared-memory statistics for gpustitchd and `gpustitch ps/top/show`.
   if (config.publish) {
     shm::PublisherOptions options;
+    options.prefix = record_prefix(log);
     options.on_tick = on_publisher_tick;
     auto publisher = std::make_unique<shm::StatsPublisher>(pool, config, std::move(options));
     if (!publisher->active()) {

@@ -1,0 +1,97 @@
+// A plain CUDA program for the statistics end-to-end and soak tests. It links the CUDA runtime (the
+// test double in tests/preload/doubles) and knows nothing of gpustitch: the tests run it under
+// LD_PRELOAD=libgpustitch.so with GPUSTITCH_CONF=backend:sim,..., so every figure the daemon and
+// the CLI show comes from the shim's own pool and publisher, as in a real job.
+//
+//   preload_producer [--churn] [--oom] [DEVICE:KIB[:async] ...]
+//
+// Each spec is one allocation of KIB KiB on DEVICE, through cudaMallocAsync on the default stream
+// when ":async" is given, else cudaMalloc; the allocations stay live. --oom then asks device 0 for
+// 32 GiB (more than the simulated device holds), which must fail with cudaErrorMemoryAllocation.
+// Prints "READY <pid>" and waits for a signal; with --churn it meanwhile keeps allocating and
+// freeing 1 MiB on device 0 (bursts of 100, 1 ms apart), so a SIGKILL lands in the middle of record
+// updates. SIGUSR1 makes it return from main (a normal exit: the shim removes its record); other
+// signals keep their default action. Exit status 1 (with a line on stderr) when a CUDA call does
+// not answer as it should.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "cuda_decls.h"
+
+namespace {
+
+constexpr int kCudaErrorMemoryAllocation = 2;
+
+volatile sig_atomic_t g_stop = 0;
+void on_usr1(int) {
+  g_stop = 1;
+}
+
+int fail(const char* what, const char* spec, int rc) {
+  std::fprintf(stderr, "preload_producer: %s %s: error %d\n", what, spec, rc);
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  struct sigaction sa {};
+  sa.sa_handler = on_usr1;
+  ::sigaction(SIGUSR1, &sa, nullptr);
+  // SIGUSR1 is delivered only inside sigsuspend (or between churn bursts): no lost wake-up.
+  sigset_t usr1, waiting;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  ::sigprocmask(SIG_BLOCK, &usr1, &waiting);
+  bool churn = false, oom = false;
+  for (int i = 1; i < argc; ++i) {
+    const char* a = argv[i];
+    if (std::strcmp(a, "--churn") == 0) {
+      churn = true;
+      continue;
+    }
+    if (std::strcmp(a, "--oom") == 0) {
+      oom = true;
+      continue;
+    }
+    char* end = nullptr;
+    long device = std::strtol(a, &end, 10);
+    if (*end != ':') return fail("bad spec", a, -1);
+    unsigned long long kib = std::strtoull(end + 1, &end, 10);
+    bool async = std::strcmp(end, ":async") == 0;
+    if (!async && *end != '\0') return fail("bad spec", a, -1);
+    if (int rc = cudaSetDevice(static_cast<int>(device)); rc != 0)
+      return fail("cudaSetDevice", a, rc);
+    void* p = nullptr;
+    std::size_t bytes = static_cast<std::size_t>(kib) << 10;
+    int rc = async ? cudaMallocAsync(&p, bytes, nullptr) : cudaMalloc(&p, bytes);
+    if (rc != 0 || p == nullptr) return fail("allocating", a, rc);
+  }
+  cudaSetDevice(0);
+  if (oom) {
+    void* p = nullptr;
+    int rc = cudaMalloc(&p, std::size_t(32) << 30);
+    if (rc != kCudaErrorMemoryAllocation) return fail("32 GiB on a small device gave", "", rc);
+  }
+  std::printf("READY %d\n", static_cast<int>(::getpid()));
+  std::fflush(stdout);
+  while (!g_stop) {
+    if (!churn) {
+      ::sigsuspend(&waiting);
+      continue;
+    }
+    for (int i = 0; i < 100; ++i) {
+      void* p = nullptr;
+      if (cudaMalloc(&p, 1 << 20) == 0) cudaFree(p);
+    }
+    ::sigprocmask(SIG_SETMASK, &waiting, nullptr);
+    ::usleep(1000);
+    ::sigprocmask(SIG_BLOCK, &usr1, nullptr);
+  }
+  return 0;
+}
