@@ -200,6 +200,7 @@ struct TraceWriter::Impl {
   long utc_offset_s = 0;
   pthread_t thread{};
   bool thread_running = false;
+  std::atomic<bool> thread_started{false};  // set by the thread once it runs thread_main
   std::atomic<bool> stop{false};
   std::atomic<bool> in_child{false};
 
@@ -327,6 +328,7 @@ struct TraceWriter::Impl {
 
   static void* thread_main(void* arg) {
     auto* self = static_cast<Impl*>(arg);
+    self->thread_started.store(true, std::memory_order_release);
     const unsigned ms =
         self->owner->options_.flush_interval_ms ? self->owner->options_.flush_interval_ms : 20;
     while (!self->stop.load(std::memory_order_acquire)) {
@@ -442,6 +444,16 @@ TraceWriter::TraceWriter(TraceWriterOptions options) : options_(std::move(option
     pthread_sigmask(SIG_SETMASK, &all, &old);
     im.thread_running = pthread_create(&im.thread, nullptr, &Impl::thread_main, &im) == 0;
     pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    // Return only once the thread runs our code. A new thread first runs its runtime's start-up
+    // (glibc's, and a sanitizer's, which allocates under locks that have no fork handler): a
+    // program that fork()s right after creating the writer would otherwise give the child a copy
+    // of those locks held by a thread that does not exist there, and the child would deadlock in
+    // its next allocation or at exit (seen with ASan's allocator in LeakSanitizer's exit check).
+    // A thread starts within microseconds; the wait is bounded (1 s) all the same.
+    const std::uint64_t give_up = monotonic_ns() + 1000000000ull;
+    while (im.thread_running && !im.thread_started.load(std::memory_order_acquire) &&
+           monotonic_ns() < give_up)
+      sched_yield();
   }
   enabled_.store(true, std::memory_order_release);
 }
