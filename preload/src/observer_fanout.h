@@ -5,8 +5,9 @@
 // Observers may be added after the pool exists (the statistics publisher is constructed from the
 // pool it reports on), possibly while the pool's reclaimer thread already raises events. So the
 // list is a fixed array of atomic pointers published by an atomic count: add() is lock-free and
-// callbacks never see a half-added observer. Observers are never removed; like the rest of the
-// shim's state they live until the process ends.
+// callbacks never see a half-added observer. Observers are never removed; the fan-out owns them and
+// destroys them with itself. The shim's fan-out is never destroyed (like the rest of the shim's
+// state it lives until the process ends, see shim.h), so neither are its observers.
 #pragma once
 
 #include <atomic>
@@ -20,7 +21,16 @@ class ObserverFanout final : public PoolObserver {
  public:
   static constexpr int kMaxObservers = 8;
 
-  // Takes ownership (the observer is never destroyed). False when full.
+  ObserverFanout() = default;
+  ObserverFanout(const ObserverFanout&) = delete;
+  ObserverFanout& operator=(const ObserverFanout&) = delete;
+  // Only once no thread raises events any more.
+  ~ObserverFanout() override {
+    for (int i = 0; i < count_.load(std::memory_order_acquire); ++i)
+      delete slots_[i].load(std::memory_order_relaxed);
+  }
+
+  // Takes ownership. False when full.
   bool add(std::unique_ptr<PoolObserver> observer) noexcept {
     if (!observer) return false;
     int n = count_.load(std::memory_order_relaxed);

@@ -31,6 +31,7 @@ int pluggable(const char* library) {
   ok = ok && q && q != p && static_cast<unsigned char*>(p)[(1 << 20) - 1] == 0x42;
   f(p, 1 << 20, 0, s);
   f(q, 1 << 20, 0, s);
+  cudaStreamDestroy(s);
   std::printf("pluggable active=%d ok=%d owned_after_free=%d\n", active(), ok, owns(p));
   return 0;
 }
