@@ -135,12 +135,12 @@ std::optional<json> read_process_json(const RecordReader& reader, JsonDetail det
   return process_json(reader, snap, detail);
 }
 
-json scan_processes_json(std::string_view prefix, JsonDetail detail) {
+void scan_processes(std::string_view prefix,
+                    const std::function<void(const RecordReader&, const SnapshotCopy&)>& visit) {
   uid_t me = ::geteuid();
   std::optional<uid_t> only;
   if (me != 0) only = me;
   std::uint64_t now = realtime_ns();
-  json list = json::array();
   for (const RecordName& name : discover_records(prefix, only)) {
     ReadError err;
     auto reader = RecordReader::open(name, only, &err);
@@ -152,14 +152,33 @@ json scan_processes_json(std::string_view prefix, JsonDetail detail) {
     bool fresh = name.uid == me && snap.heartbeat_ns <= now + 1000000000ull &&
                  now - std::min(now, snap.heartbeat_ns) < fresh_ns;
     if (!fresh && !record_process_alive(name)) continue;
-    list.push_back(process_json(*reader, snap, detail));
+    visit(*reader, snap);
   }
+}
+
+json scan_processes_json(std::string_view prefix, JsonDetail detail) {
+  json list = json::array();
+  scan_processes(prefix, [&](const RecordReader& reader, const SnapshotCopy& snap) {
+    list.push_back(process_json(reader, snap, detail));
+  });
   return list;
 }
 
 std::optional<json> query_daemon(const std::string& socket_path, const json& request,
                                  int timeout_ms, std::string* why) {
-  auto fail = [&](const std::string& what) -> std::optional<json> {
+  auto text = query_daemon_text(socket_path, request, timeout_ms, why);
+  if (!text) return std::nullopt;
+  json answer = json::parse(*text, nullptr, false);
+  if (answer.is_discarded()) {
+    if (why) *why = "the daemon sent malformed JSON";
+    return std::nullopt;
+  }
+  return answer;
+}
+
+std::optional<std::string> query_daemon_text(const std::string& socket_path, const json& request,
+                                             int timeout_ms, std::string* why) {
+  auto fail = [&](const std::string& what) -> std::optional<std::string> {
     if (why) *why = what;
     return std::nullopt;
   };
@@ -194,6 +213,7 @@ std::optional<json> query_daemon(const std::string& socket_path, const json& req
     sent += static_cast<std::size_t>(n);
   }
   std::string in;
+  in.reserve(1 << 20);  // a list of 1,000 processes is about 400 KB
   char buf[65536];
   while (in.empty() || in.back() != '\n') {
     pollfd p{fd, POLLIN, 0};
@@ -204,9 +224,7 @@ std::optional<json> query_daemon(const std::string& socket_path, const json& req
     if (n == 0) break;
     in.append(buf, static_cast<std::size_t>(n));
   }
-  json answer = json::parse(in, nullptr, false);
-  if (answer.is_discarded()) return fail("the daemon sent malformed JSON");
-  return answer;
+  return in;
 }
 
 }  // namespace gpustitch::shm

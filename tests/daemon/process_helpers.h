@@ -11,6 +11,7 @@
 #include <grp.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,7 +34,8 @@ struct Child {
 
 // Starts argv with stdout on a pipe, with the calling process's environment plus env
 // ("NAME=value", later entries win). uid/gid >= 0: drop to them first (the tests run as root).
-// stderr_path: where its stderr goes (appended), else the caller's.
+// stderr_path: where its stderr goes (appended), else the caller's. The child is SIGKILLed when
+// the test dies (a ctest timeout must not leave producers or a daemon behind).
 inline Child spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env = {},
                    int uid = -1, int gid = -1, const std::string& stderr_path = {}) {
   std::vector<std::string> envs;
@@ -53,12 +55,15 @@ inline Child spawn(const std::vector<std::string>& argv, const std::vector<std::
   int err = stderr_path.empty()
                 ? -1
                 : ::open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  pid_t parent = ::getpid();
   pid_t pid = ::fork();
   if (pid == 0) {
     ::dup2(p[1], 1);
     if (err >= 0) ::dup2(err, 2);
     if (gid >= 0 && (::setgroups(0, nullptr) != 0 || ::setgid(gid) != 0)) ::_exit(126);
     if (uid >= 0 && ::setuid(uid) != 0) ::_exit(126);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // after setuid, which clears it
+    if (::getppid() != parent) ::_exit(126);
     ::execve(args[0], args.data(), envp.data());
     ::_exit(127);
   }

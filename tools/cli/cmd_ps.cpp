@@ -20,20 +20,28 @@ Registrar reg{
           "group), otherwise the caller's own records in /dev/shm.\nExit status: 0 listed, 3 no "
           "process, 4 daemon required (--daemon/--socket) but unreachable.");
       return [opts, &global]() {
-        Fetched f = fetch_list(opts->source, /*summary=*/!global.json);
+        if (!global.json) {
+          std::vector<std::vector<std::string>> rows;
+          std::size_t processes = 0;
+          Fetched f = fetch_table(opts->source, &rows, &processes);
+          if (f.status != kOk) {
+            std::cerr << "gpustitch ps: " << f.error << "\n";
+            return f.status;
+          }
+          if (processes == 0) {
+            std::cout << "no process is using gpustitch (source: " << f.source << ")\n";
+            return int(kNotFound);
+          }
+          std::cout << format_table(rows, kProcessRowAlign, terminal_width());
+          return int(kOk);
+        }
+        Fetched f = fetch_list(opts->source);
         if (f.status != kOk) {
           std::cerr << "gpustitch ps: " << f.error << "\n";
           return f.status;
         }
         const auto& processes = f.answer["processes"];
-        if (global.json) {
-          print_json({{"source", f.source}, {"processes", processes}});
-        } else if (processes.empty()) {
-          std::cout << "no process is using gpustitch (source: " << f.source << ")\n";
-        } else {
-          std::cout << format_table(process_rows(processes, true), kProcessRowAlign,
-                                    terminal_width());
-        }
+        print_json({{"source", f.source}, {"processes", processes}});
         return processes.empty() ? int(kNotFound) : int(kOk);
       };
     }};

@@ -187,28 +187,188 @@ void print_json(const json& j) {
 const std::vector<bool> kProcessRowAlign = {true, false, true, true, true,
                                             true, true,  true, true, false};
 
+namespace {
+
+// One process as the ps/top table shows it.
+struct DeviceLine {
+  std::uint64_t device = 0, allocated = 0, reserved = 0, largest_free = 0, stitches = 0, ooms = 0;
+  double fragmentation = 0;
+};
+struct ProcessLine {
+  std::uint64_t pid = 0;
+  std::string user, command, exe;
+  std::vector<DeviceLine> devices;
+};
+
+std::vector<std::string> header_row() {
+  return {"PID",  "USER",         "DEV",      "ALLOCATED", "RESERVED",
+          "FRAG", "LARGEST FREE", "STITCHES", "OOMS",      "COMMAND"};
+}
+
+void append_rows(const ProcessLine& p, std::vector<std::vector<std::string>>* rows) {
+  std::string pid = std::to_string(p.pid);
+  const std::string& cmd = p.command.empty() ? p.exe : p.command;
+  if (p.devices.empty()) {
+    rows->push_back({pid, p.user, "-", "-", "-", "-", "-", "-", "-", cmd});
+    return;
+  }
+  for (const auto& d : p.devices)
+    rows->push_back({pid, p.user, std::to_string(d.device), human_bytes(d.allocated),
+                     human_bytes(d.reserved), percent(d.fragmentation), human_bytes(d.largest_free),
+                     std::to_string(d.stitches), std::to_string(d.ooms), cmd});
+}
+
+// Reads the daemon's list answer ({"ok":..,"error":..,"processes":[{..,"devices":[{..}]}]}) as a
+// stream of parse events into ProcessLines and then rows. Unknown keys are skipped; a field of
+// the wrong type reads as 0 or empty, as process_rows() treats it.
+class TableReader final : public nlohmann::json_sax<json> {
+ public:
+  explicit TableReader(std::vector<std::vector<std::string>>* rows) : rows_(rows) {}
+  bool ok = false;
+  std::string error;
+  std::size_t processes = 0;
+
+  bool null() override { return true; }
+  bool boolean(bool v) override {
+    if (depth_ == 1 && key_ == "ok") ok = v;
+    return true;
+  }
+  bool number_integer(number_integer_t v) override {
+    return number(v < 0 ? 0 : static_cast<std::uint64_t>(v), static_cast<double>(v));
+  }
+  bool number_unsigned(number_unsigned_t v) override { return number(v, static_cast<double>(v)); }
+  bool number_float(number_float_t v, const string_t&) override {
+    return number(v > 0 ? static_cast<std::uint64_t>(v) : 0, v);
+  }
+  bool string(string_t& v) override {
+    if (depth_ == 1 && key_ == "error") error = std::move(v);
+    if (depth_ != 3) return true;
+    if (key_ == "user") line_.user = std::move(v);
+    if (key_ == "command") line_.command = std::move(v);
+    if (key_ == "exe") line_.exe = std::move(v);
+    return true;
+  }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override {
+    ++depth_;
+    if (depth_ == 3 && in_processes_) line_ = ProcessLine{};
+    if (depth_ == 5 && in_devices_) line_.devices.emplace_back();
+    return true;
+  }
+  bool end_object() override {
+    if (depth_ == 3 && in_processes_) {
+      append_rows(line_, rows_);
+      ++processes;
+    }
+    --depth_;
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    ++depth_;
+    if (depth_ == 2 && key_ == "processes") in_processes_ = true;
+    if (depth_ == 4 && in_processes_ && key_ == "devices") in_devices_ = true;
+    return true;
+  }
+  bool end_array() override {
+    if (depth_ == 2) in_processes_ = false;
+    if (depth_ == 4) in_devices_ = false;
+    --depth_;
+    return true;
+  }
+  bool key(string_t& k) override {
+    key_ = std::move(k);
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return false;
+  }
+
+ private:
+  bool number(std::uint64_t u, double f) {
+    if (depth_ == 3 && in_processes_ && key_ == "pid") line_.pid = u;
+    if (depth_ != 5 || !in_devices_ || line_.devices.empty()) return true;
+    DeviceLine& d = line_.devices.back();
+    if (key_ == "device") d.device = u;
+    if (key_ == "bytes_allocated") d.allocated = u;
+    if (key_ == "bytes_reserved") d.reserved = u;
+    if (key_ == "largest_free_block") d.largest_free = u;
+    if (key_ == "stitches") d.stitches = u;
+    if (key_ == "ooms") d.ooms = u;
+    if (key_ == "fragmentation") d.fragmentation = f;
+    return true;
+  }
+
+  std::vector<std::vector<std::string>>* rows_;
+  int depth_ = 0;
+  bool in_processes_ = false, in_devices_ = false;
+  std::string key_;
+  ProcessLine line_;
+};
+
+}  // namespace
+
 std::vector<std::vector<std::string>> process_rows(const json& processes, bool header) {
   std::vector<std::vector<std::string>> rows;
-  if (header)
-    rows.push_back({"PID", "USER", "DEV", "ALLOCATED", "RESERVED", "FRAG", "LARGEST FREE",
-                    "STITCHES", "OOMS", "COMMAND"});
+  if (header) rows.push_back(header_row());
   for (const auto& p : processes) {
-    const auto& devices = p.value("devices", json::array());
-    std::string pid = std::to_string(u64(p, "pid"));
-    std::string cmd = str(p, "command");
-    if (cmd.empty()) cmd = str(p, "exe");
-    if (devices.empty()) {
-      rows.push_back({pid, str(p, "user"), "-", "-", "-", "-", "-", "-", "-", cmd});
-      continue;
-    }
-    for (const auto& d : devices) {
-      rows.push_back({pid, str(p, "user"), std::to_string(u64(d, "device")),
-                      human_bytes(u64(d, "bytes_allocated")), human_bytes(u64(d, "bytes_reserved")),
-                      percent(f64(d, "fragmentation")), human_bytes(u64(d, "largest_free_block")),
-                      std::to_string(u64(d, "stitches")), std::to_string(u64(d, "ooms")), cmd});
-    }
+    ProcessLine line;
+    line.pid = u64(p, "pid");
+    line.user = str(p, "user");
+    line.command = str(p, "command");
+    line.exe = str(p, "exe");
+    for (const auto& d : p.value("devices", json::array()))
+      line.devices.push_back({u64(d, "device"), u64(d, "bytes_allocated"), u64(d, "bytes_reserved"),
+                              u64(d, "largest_free_block"), u64(d, "stitches"), u64(d, "ooms"),
+                              f64(d, "fragmentation")});
+    append_rows(line, &rows);
   }
   return rows;
+}
+
+Fetched fetch_table(const SourceOptions& opts, std::vector<std::vector<std::string>>* rows,
+                    std::size_t* processes) {
+  Fetched f;
+  rows->clear();
+  *processes = 0;
+  if (!opts.direct) {
+    std::string why;
+    auto text = shm::query_daemon_text(socket_path(opts), json{{"cmd", "list"}, {"summary", true}},
+                                       kDaemonTimeoutMs, &why);
+    if (text) {
+      f.source = "daemon";
+      rows->push_back(header_row());
+      TableReader reader(rows);
+      if (!json::sax_parse(*text, &reader)) {
+        f.status = kUnreachable;
+        f.error = "gpustitchd not reachable: the daemon sent malformed JSON";
+      } else if (!reader.ok) {
+        f.error = reader.error.empty() ? std::string("error") : reader.error;
+        f.status = f.error == "not found" ? kNotFound : kProblem;
+      }
+      *processes = reader.processes;
+      return f;
+    }
+    if (opts.daemon || !opts.socket.empty()) {
+      f.status = kUnreachable;
+      f.error = "gpustitchd not reachable: " + why;
+      return f;
+    }
+  }
+  f.source = "direct";
+  rows->push_back(header_row());
+  shm::scan_processes(
+      record_prefix(opts), [&](const shm::RecordReader& reader, const shm::SnapshotCopy& snap) {
+        const shm::ProcessIdentity& id = reader.identity();
+        ProcessLine line{
+            static_cast<std::uint64_t>(id.pid), shm::user_name(id.uid), id.cmdline, id.exe, {}};
+        for (const auto& d : snap.devices)
+          line.devices.push_back({static_cast<std::uint64_t>(std::max<std::int64_t>(0, d.ordinal)),
+                                  d.bytes_allocated, d.bytes_reserved, d.largest_free_block,
+                                  d.stitches, d.ooms, d.fragmentation()});
+        append_rows(line, rows);
+        ++*processes;
+      });
+  return f;
 }
 
 }  // namespace gpustitch::cli

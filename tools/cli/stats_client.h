@@ -58,4 +58,11 @@ void print_json(const nlohmann::json& j);
 std::vector<std::vector<std::string>> process_rows(const nlohmann::json& processes, bool header);
 extern const std::vector<bool> kProcessRowAlign;
 
+// The `gpustitch ps` table, header first: from the daemon's summary list read straight into rows
+// (no JSON document is built: with 1,000 processes that document is a few MiB of small
+// allocations, the larger part of ps's time in a fresh process), or from the records directly.
+// *processes: how many processes the rows show.
+Fetched fetch_table(const SourceOptions& opts, std::vector<std::vector<std::string>>* rows,
+                    std::size_t* processes);
+
 }  // namespace gpustitch::cli

@@ -11,6 +11,7 @@
 //    "sites":[{"live_bytes","count","device","frames":[{"function","library","offset"}]}]}
 #pragma once
 
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -42,11 +43,18 @@ std::optional<nlohmann::json> read_process_json(const RecordReader& reader, Json
 // least 1 s) is taken as alive without reading /proc; any other record is checked against /proc
 // (pid, start time, owner), so another user's record cannot pass for a process it is not.
 nlohmann::json scan_processes_json(std::string_view prefix, JsonDetail detail);
+// The same scan, handing each live record and its snapshot to visit instead of building JSON.
+void scan_processes(std::string_view prefix,
+                    const std::function<void(const RecordReader&, const SnapshotCopy&)>& visit);
 
 // Talks to gpustitchd: sends one request line, returns the parsed answer, or nullopt with *why.
 std::optional<nlohmann::json> query_daemon(const std::string& socket_path,
                                            const nlohmann::json& request, int timeout_ms,
                                            std::string* why);
+// The same, returning the answer line unparsed (for callers that parse it their own way).
+std::optional<std::string> query_daemon_text(const std::string& socket_path,
+                                             const nlohmann::json& request, int timeout_ms,
+                                             std::string* why);
 
 inline constexpr const char* kDefaultSocket = "/run/gpustitch/gpustitchd.sock";
 
