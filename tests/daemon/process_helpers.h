@@ -21,6 +21,8 @@
 #include <thread>
 #include <vector>
 
+#include "test_helpers.h"  // eventually()
+
 extern char** environ;
 
 namespace gpustitch::test {
@@ -101,16 +103,6 @@ inline std::pair<int, std::string> run(const std::vector<std::string>& argv, int
   int status = 0;
   ::waitpid(c.pid, &status, 0);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
-}
-
-template <typename F>
-bool eventually(F f, std::chrono::milliseconds limit = 10000ms) {
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (f()) return true;
-    std::this_thread::sleep_for(50ms);
-  }
-  return f();
 }
 
 // The environment that runs preload_producer under libgpustitch.so on two simulated devices of

@@ -5,7 +5,9 @@
 #include <dirent.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 
 #include "gpustitch/shm/names.h"
 
@@ -27,6 +29,18 @@ inline void remove_records(const std::string& prefix) {
     if (n.rfind(prefix + ".", 0) == 0) ::unlink((std::string(shm::kShmDir) + "/" + n).c_str());
   }
   ::closedir(dir);
+}
+
+// Polls f every `poll` until it holds or `limit` has passed; returns f's last answer.
+template <typename F>
+bool eventually(F f, std::chrono::milliseconds limit = std::chrono::milliseconds(10000),
+                std::chrono::milliseconds poll = std::chrono::milliseconds(50)) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (f()) return true;
+    std::this_thread::sleep_for(poll);
+  }
+  return f();
 }
 
 struct PrefixGuard {

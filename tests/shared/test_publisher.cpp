@@ -44,12 +44,7 @@ Config fast_config() {
 
 template <typename F>
 bool eventually(F f, std::chrono::milliseconds limit = 3000ms) {
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (f()) return true;
-    std::this_thread::sleep_for(2ms);
-  }
-  return f();
+  return test::eventually(f, limit, 2ms);
 }
 
 std::optional<RecordReader> open_own(const std::string& prefix) {
