@@ -133,13 +133,18 @@ void ProcessTable::add(const shm::RecordName& name, PassStats* stats) {
   if (!reader) {
     ++stats->rejected;
     struct stat st;
-    ino_t ino = ::lstat(name.path().c_str(), &st) == 0 ? st.st_ino : 0;
-    // A record can be seen between its creation and the store of its magic: such a record
-    // (bad_magic) is looked at again next pass and logged only if it stays that way. Any other
-    // rejection is final for that object (same inode) and logged once.
+    bool found = ::lstat(name.path().c_str(), &st) == 0;
+    ino_t ino = found ? st.st_ino : 0;
+    // A record can be seen while its writer creates it: before it is sized (an empty object:
+    // bad_size) or before the store of its magic (bad_magic). Such a record is looked at again
+    // next pass and logged only if it stays that way. Any other rejection is final for that
+    // object (same inode) and logged once.
+    bool transient = err == shm::ReadError::bad_magic ||
+                     (err == shm::ReadError::bad_size && found && st.st_size == 0);
     Rejected& r = rejected_[name.object_name()];
     bool same = r.inode == ino && r.error == err;
-    if (err != shm::ReadError::bad_magic ? !same : (same && !r.logged)) {
+    r.transient = transient;
+    if (!transient ? !same : (same && !r.logged)) {
       spdlog::warn("ignoring record {}: {}", name.object_name(), shm::to_string(err));
       r.logged = true;
     } else if (!same) {
@@ -220,9 +225,9 @@ PassStats ProcessTable::sample() {
     auto it = processes_.find(name.pid);
     if (it == processes_.end()) {
       // A record already rejected, unchanged since (same inode): do not re-validate every pass.
-      if (auto r = rejected_.find(name.object_name());
-          r != rejected_.end() && name.inode != 0 && r->second.inode == name.inode &&
-          r->second.error != shm::ReadError::bad_magic) {
+      if (auto r = rejected_.find(name.object_name()); r != rejected_.end() && name.inode != 0 &&
+                                                       r->second.inode == name.inode &&
+                                                       !r->second.transient) {
         ++stats.rejected;
         continue;
       }
@@ -277,6 +282,7 @@ PassStats ProcessTable::sample() {
   stats.cpu_ns = cpu_now_ns() - cpu0;
   stats.wall_ns = mono_now_ns() - wall0;
   last_pass_ = stats;
+  ++passes_;
   return stats;
 }
 

@@ -109,6 +109,9 @@ class ProcessTable {
   const std::map<pid_t, TrackedProcess>& processes() const { return processes_; }
   const TrackedProcess* find(pid_t pid) const;
   const PassStats& last_pass() const { return last_pass_; }
+  // Sampling passes completed since start: a process whose record existed before pass N began and
+  // that ran until pass N ended is tracked from then on (the soak test relies on this).
+  std::uint64_t passes() const { return passes_; }
 
  private:
   void add(const shm::RecordName& name, PassStats* stats);
@@ -125,9 +128,11 @@ class ProcessTable {
     ino_t inode = 0;
     shm::ReadError error = shm::ReadError::none;
     bool logged = false;
+    bool transient = false;  // caught while its writer creates it: look again next pass
   };
   std::map<std::string, Rejected> rejected_;
   PassStats last_pass_;
+  std::uint64_t passes_ = 0;
 };
 
 }  // namespace gpustitch::daemon

@@ -177,6 +177,7 @@ std::string handle_request(std::string_view line, const Peer& peer, const Proces
         std::size_t n = 0;
         for (const auto& [pid, p] : table.processes()) n += visible(p) ? 1 : 0;
         out["tracked"] = n;
+        out["passes"] = table.passes();
         out["last_pass"] = {{"discovered", s.discovered}, {"tracked", s.tracked},
                             {"exited", s.exited},         {"reaped", s.reaped},
                             {"rejected", s.rejected},     {"busy", s.busy},

@@ -197,6 +197,43 @@ TEST_F(TableTest, RecordCaughtBeforeItsMagicIsTrackedOnceComplete) {
   EXPECT_EQ(t.find(::getpid())->snapshot.devices[0].bytes_allocated, 11u);
 }
 
+// A record seen after its writer created the object but before it sized it (an empty object) is
+// looked at again and tracked once complete, not rejected for good. (Found by the daemon soak: a
+// pass that listed /dev/shm in that window never tracked the process.)
+TEST_F(TableTest, RecordCaughtBeforeItIsSizedIsTrackedOnceComplete) {
+  shm::RecordName name = shm::RecordWriter::self_name(g_.prefix);
+  int fd = ::open(name.path().c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  ASSERT_GE(fd, 0);
+  ProcessTable t(config());
+  auto s = t.sample();
+  EXPECT_EQ(s.rejected, 1u);
+  EXPECT_FALSE(t.find(::getpid()));
+  t.sample();
+  EXPECT_FALSE(t.find(::getpid()));
+  // The writer completes the same object (same inode): a whole record, as RecordWriter makes it.
+  const std::string other = g_.prefix + "b";
+  {
+    std::string why;
+    auto w = shm::RecordWriter::create(shm::RecordWriter::self_name(other), "/bin/own", "own", 100,
+                                       &why);
+    ASSERT_TRUE(w) << why;
+    shm::DeviceCounters d{};
+    d.bytes_allocated = 13;
+    w->publish({&d, 1}, shm::realtime_ns());
+    std::string bytes(sizeof(shm::Record), '\0');
+    int src = ::open(shm::RecordWriter::self_name(other).path().c_str(), O_RDONLY);
+    ASSERT_GE(src, 0);
+    ASSERT_EQ(::pread(src, bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size()));
+    ::close(src);
+    ASSERT_EQ(::pwrite(fd, bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size()));
+  }
+  ::close(fd);
+  test::remove_records(other);
+  t.sample();
+  ASSERT_TRUE(t.find(::getpid()));
+  EXPECT_EQ(t.find(::getpid())->snapshot.devices[0].bytes_allocated, 13u);
+}
+
 TEST_F(TableTest, RequestsAnswerOnlyWhatThePeerMaySee) {
   auto w = own_record(5);
   ProcessTable t(config());
