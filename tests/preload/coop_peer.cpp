@@ -1,6 +1,7 @@
 // A CUDA program for the cooperative-release tests (coop_test.cpp), run under LD_PRELOAD on a
 // shared simulated device. It reads one command per line on stdin and answers with one line:
-//   alloc MB      -> "alloc rc=R id=I": cudaMalloc MB MiB and stamp the block with its id
+//   alloc MB      -> "alloc rc=R id=I us=T": cudaMalloc MB MiB (taking T microseconds) and
+//                    stamp the block with its id
 //   free I        -> "free rc=R"
 //   check         -> "check ok=1|0": every live block still holds its stamp (first/middle/last
 //                    byte of each page the test touched)
@@ -11,6 +12,7 @@
 //   exit
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -69,14 +71,18 @@ int main() {
     if (c == "alloc") {
       void* p = nullptr;
       const std::size_t size = static_cast<std::size_t>(arg) << 20;
+      const auto t0 = std::chrono::steady_clock::now();
       int rc = cudaMalloc(&p, size);
+      const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
+                          std::chrono::steady_clock::now() - t0)
+                          .count();
       int id = -1;
       if (rc == 0) {
         id = g_next++;
         g_live[id] = {static_cast<unsigned char*>(p), size};
         stamp(g_live[id], static_cast<unsigned char>(0x40 + id));
       }
-      std::printf("alloc rc=%d id=%d\n", rc, id);
+      std::printf("alloc rc=%d id=%d us=%lld\n", rc, id, static_cast<long long>(us));
     } else if (c == "free") {
       auto it = g_live.find(static_cast<int>(arg));
       int rc = it == g_live.end() ? -1 : cudaFree(it->second.p);
