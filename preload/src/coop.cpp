@@ -20,19 +20,27 @@
 // out-of-memory error as before. No pool lock is held while waiting, so a neighbour asking this
 // process at the same moment is served by this process's listener. Each reply that released
 // memory becomes a coop_receive event. Neighbours of other users are reached only through
-// gpustitchd (daemon/src/coop_relay.cpp), which runs as root and may ask them.
+// gpustitchd (daemon/src/coop_relay.h), which runs as root and may ask them: if the own user's
+// neighbours did not give enough, the process asks the daemon on its socket ($GPUSTITCH_SOCKET or
+// /run/gpustitch/gpustitchd.sock) within the same coop_wait_ms, then watches the device's free
+// memory; what appears counts as one coop_receive with peer pid 0 (through the daemon).
 //
 // Discovery needs the peers' statistics records (publish:on, the default). Counters (bytes given
 // and received, requests served and dropped) go into the record's coop_* fields per device;
 // requests that name no device of this process (malformed, foreign GPU) count on device 0.
 #include "coop.h"
 
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -166,6 +174,49 @@ std::vector<Candidate> find_neighbours(const DeviceUuid& uuid) {
   return out;
 }
 
+// Asks gpustitchd to relay a request to other users' processes on this GPU (they accept
+// requests only from root). Returns how many processes it asked; 0 when no daemon answers in
+// time. The exchange is one JSON line each way on the daemon's socket.
+int ask_daemon(const DeviceUuid& uuid, std::size_t bytes, int timeout_ms) {
+  const char* env = std::getenv("GPUSTITCH_SOCKET");
+  const std::string path = env != nullptr && *env ? env : "/run/gpustitch/gpustitchd.sock";
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof addr.sun_path) return 0;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  int asked = 0;
+  char line[160];
+  const auto* u = uuid.data();
+  int n =
+      std::snprintf(line, sizeof line,
+                    "{\"cmd\":\"coop_release\",\"uuid\":\"GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-"
+                    "%02x%02x-%02x%02x%02x%02x%02x%02x\",\"bytes\":%zu}\n",
+                    u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12],
+                    u[13], u[14], u[15], bytes);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::send(fd, line, static_cast<std::size_t>(n), MSG_NOSIGNAL) == n) {
+    std::string reply;
+    const std::uint64_t deadline = coop::monotonic_ns() + std::uint64_t(timeout_ms) * 1000000;
+    char buf[256];
+    while (reply.find('\n') == std::string::npos && reply.size() < 4096) {
+      const std::uint64_t now = coop::monotonic_ns();
+      if (now >= deadline) break;
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>((deadline - now) / 1000000 + 1)) <= 0) break;
+      ssize_t got = ::recv(fd, buf, sizeof buf, 0);
+      if (got <= 0) break;
+      reply.append(buf, static_cast<std::size_t>(got));
+    }
+    if (auto pos = reply.find("\"asked\":"); pos != std::string::npos) {
+      asked = std::atoi(reply.c_str() + pos + 8);
+    }
+  }
+  ::close(fd);
+  return asked;
+}
+
 // Asks the neighbours for what an allocation of size bytes lacks. Returns the bytes released.
 std::size_t ask_neighbours(Pool& pool, int device, std::size_t size) noexcept {
   try {
@@ -178,8 +229,8 @@ std::size_t ask_neighbours(Pool& pool, int device, std::size_t size) noexcept {
     const std::size_t need = rounded > free ? rounded - free : g;
     Counters& c = counters(device);
     ++c.coop_asks;
+    const std::uint64_t deadline = coop::monotonic_ns() + std::uint64_t{g_wait_ms} * 1000000;
     std::vector<Candidate> peers = find_neighbours(uuid);
-    if (peers.empty()) return 0;
     auto sock = coop::Socket::ephemeral();
     if (!sock) return 0;
     coop::Message m;
@@ -197,7 +248,6 @@ std::size_t ask_neighbours(Pool& pool, int device, std::size_t size) noexcept {
       }
     }
     std::size_t got = 0, replies = 0;
-    const std::uint64_t deadline = coop::monotonic_ns() + std::uint64_t{g_wait_ms} * 1000000;
     while (replies < sent && got < need) {
       const std::uint64_t now = coop::monotonic_ns();
       if (now >= deadline) break;
@@ -214,6 +264,26 @@ std::size_t ask_neighbours(Pool& pool, int device, std::size_t size) noexcept {
         record(shm::RecordEventKind::coop_receive, device, r->message->bytes,
                static_cast<std::uint64_t>(r->sender.pid), pool);
       }
+    }
+    if (got >= need) return got;
+    // Other users' processes: only through gpustitchd. Then watch the device's free memory.
+    const std::uint64_t now = coop::monotonic_ns();
+    if (now >= deadline) return got;
+    const int left_ms = static_cast<int>((deadline - now) / 1000000);
+    if (ask_daemon(uuid, need - got, left_ms) <= 0) return got;
+    std::size_t free_now = free;
+    while (coop::monotonic_ns() < deadline) {
+      if (pool.backend().mem_info(device, &free_now, &total) == Status::ok && free_now >= rounded) {
+        break;
+      }
+      ::usleep(2000);
+    }
+    if (free_now > free) {
+      const std::size_t relayed = free_now - free;
+      ++c.coop_receives;
+      c.coop_received_bytes += relayed;
+      record(shm::RecordEventKind::coop_receive, device, relayed, 0, pool);  // peer 0: gpustitchd
+      got += relayed;
     }
     return got;
   } catch (...) {
