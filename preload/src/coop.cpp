@@ -3,13 +3,13 @@
 // Giving. With coop:on (the default), the shim starts one thread, "gpustitch-coop", that listens
 // on the process's coop socket (shared/coop/channel.h: an abstract Unix datagram name made of the
 // pid and start time of its statistics record). A request names a GPU by UUID and a byte count.
-// The thread accepts it only from its own uid or root (gpustitchd), as the kernel attests with
-// SCM_CREDENTIALS, spends one token of a bucket refilled at coop_rate per second (a flood is
-// dropped and counted, never served), and calls Pool::release_idle, which releases idle, fenced
-// cache only (never a live block) taking the device lock once per released range, so the
-// program's own allocations are never held up for long. It replies with the bytes released and
-// records a coop_give event with the asker's pid. The thread does nothing else; it blocks all
-// signals and never touches the program's state beyond the pool.
+// The thread accepts it only from its own uid, root, or gpustitchd's user (the owner of the
+// daemon's socket), as the kernel attests with SCM_CREDENTIALS, spends one token of a bucket
+// refilled at coop_rate per second (a flood is dropped and counted, never served), and calls
+// Pool::release_idle, which releases idle, fenced cache only (never a live block) taking the device
+// lock once per released range, so the program's own allocations are never held up for long. It
+// replies with the bytes released and records a coop_give event with the asker's pid. The thread
+// does nothing else; it blocks all signals and never touches the program's state beyond the pool.
 //
 // Asking. When the pool reports out-of-memory (after stitching and trimming its own cache), the
 // allocating thread looks for neighbours without any daemon: the calling user's statistics
@@ -34,6 +34,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -93,10 +94,29 @@ int device_of(Pool& pool, const std::uint8_t (&uuid)[coop::kUuidBytes]) noexcept
   return -1;
 }
 
+std::string daemon_socket_path() {
+  const char* env = std::getenv("GPUSTITCH_SOCKET");
+  return env != nullptr && *env ? env : "/run/gpustitch/gpustitchd.sock";
+}
+
+// Who may ask this process to release: its own user, root, and gpustitchd, which runs as a
+// system user of its own: the owner of the daemon's socket (only that user can create it in its
+// runtime directory).
+bool may_ask(const coop::Peer& sender) noexcept {
+  if (!sender.has_credentials) return false;
+  if (sender.uid == ::geteuid() || sender.uid == 0) return true;
+  try {
+    struct stat st {};
+    return ::stat(daemon_socket_path().c_str(), &st) == 0 && S_ISSOCK(st.st_mode) &&
+           st.st_uid == sender.uid;
+  } catch (...) {
+    return false;
+  }
+}
+
 void serve(Pool& pool, const coop::Socket& sock, const coop::Received& r,
            coop::TokenBucket& bucket) noexcept {
-  const bool permitted =
-      r.sender.has_credentials && (r.sender.uid == ::geteuid() || r.sender.uid == 0);
+  const bool permitted = may_ask(r.sender);
   const coop::Message* m = r.message ? &*r.message : nullptr;
   if (m == nullptr || m->kind != coop::Kind::request || !permitted) {
     ++counters(0).coop_requests;
@@ -178,8 +198,7 @@ std::vector<Candidate> find_neighbours(const DeviceUuid& uuid) {
 // requests only from root). Returns how many processes it asked; 0 when no daemon answers in
 // time. The exchange is one JSON line each way on the daemon's socket.
 int ask_daemon(const DeviceUuid& uuid, std::size_t bytes, int timeout_ms) {
-  const char* env = std::getenv("GPUSTITCH_SOCKET");
-  const std::string path = env != nullptr && *env ? env : "/run/gpustitch/gpustitchd.sock";
+  const std::string path = daemon_socket_path();
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof addr.sun_path) return 0;
