@@ -7,7 +7,7 @@
 //                    byte of each page the test touched)
 //   events        -> "events give=N give_bytes=B give_peer=P receive=N receive_bytes=B
 //                    receive_peer=P": coop events in this process's own statistics record
-//   counters      -> "counters asks=.. requests=.. dropped=.. given=.. received=.."
+//   counters      -> "counters asks=.. requests=.. dropped=.. given=.. gives=.. received=.."
 //   pid           -> "pid P"
 //   exit
 #include <unistd.h>
@@ -112,14 +112,15 @@ int main() {
       gpustitch::shm::SnapshotCopy snap;
       auto r = own_record();
       // The counters are published every interval: wait for a fresh snapshot.
-      ::usleep(100000);
+      ::usleep(300000);
       if (r && r->read_snapshot(&snap) == gpustitch::shm::ReadError::none &&
           !snap.devices.empty()) {
         const auto& d = snap.devices[0];
-        std::printf("counters asks=%llu requests=%llu dropped=%llu given=%llu received=%llu\n",
-                    (unsigned long long)d.coop_asks, (unsigned long long)d.coop_requests,
-                    (unsigned long long)d.coop_dropped, (unsigned long long)d.coop_given_bytes,
-                    (unsigned long long)d.coop_received_bytes);
+        std::printf(
+            "counters asks=%llu requests=%llu dropped=%llu given=%llu gives=%llu received=%llu\n",
+            (unsigned long long)d.coop_asks, (unsigned long long)d.coop_requests,
+            (unsigned long long)d.coop_dropped, (unsigned long long)d.coop_given_bytes,
+            (unsigned long long)d.coop_gives, (unsigned long long)d.coop_received_bytes);
       } else {
         std::printf("counters none\n");
       }

@@ -3,7 +3,9 @@
 // opting out, floods and hostile requests cannot make a process free live memory.
 //
 // Each test starts coop_peer processes on a fresh shared simulated device (sim_shared:NAME,
-// 512 MiB) and drives them over pipes; the test process itself plays the hostile sender.
+// 512 MiB) and drives them over pipes; the test process itself plays the hostile sender. The
+// askers wait up to 2 s (coop_wait_ms) so that a loaded CI machine cannot fail them; they stop
+// waiting as soon as the answers are in.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -110,7 +112,8 @@ struct Device {
   }
   std::string conf(const std::string& extra = "") const {
     return "backend:sim,sim_capacity_mb:512,sim_shared:" + name +
-           ",publish_interval_ms:10,log_level:off" + (extra.empty() ? "" : "," + extra);
+           ",publish_interval_ms:10,log_level:off,coop_wait_ms:2000" +
+           (extra.empty() ? "" : "," + extra);
   }
 };
 
@@ -139,6 +142,16 @@ void fill_holder(Peer& a) {
   for (int i = 0; i < 7; ++i) ASSERT_EQ(field(a.cmd("alloc 64"), "rc"), 0) << i;
   for (int i = 1; i < 7; ++i) ASSERT_EQ(a.cmd("free " + std::to_string(i)), "free rc=0");
   ASSERT_TRUE(wait_for_cached(a.pid(), 384 * MiB_));
+}
+
+// The listener's queue holds a few datagrams; under load a send may find it full (EAGAIN).
+template <typename Send>
+bool with_retries(Send send) {
+  for (int i = 0; i < 2000; ++i) {
+    if (send()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
 }
 
 coop::Message request_for(const shm::DeviceCounters& d, std::uint64_t bytes, std::uint64_t id) {
@@ -244,16 +257,22 @@ TEST(Coop, AFloodOfRequestsIsRateLimited) {
   drain(2000);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  // Burst 2, refilled at 2 per second while the flood was served.
-  EXPECT_LE(ok, 2 + static_cast<int>(2 * seconds) + 1) << seconds;
-  EXPECT_GE(ok, 1);
-  EXPECT_EQ(ok + limited, kFlood);
-  EXPECT_EQ(released, static_cast<std::uint64_t>(ok) * 64 * MiB_);
+  // A's own counters are the truth (a reply that finds this socket's queue full is dropped by
+  // design: the listener never blocks on an asker). Burst 2, refilled at 2 per second while the
+  // flood was being served.
   std::string c = a.cmd("counters");
+  const long long gives = field(c, "gives");
   EXPECT_EQ(field(c, "requests"), kFlood) << c;
-  EXPECT_EQ(field(c, "dropped"), limited) << c;
+  EXPECT_GE(gives, 1) << c;
+  EXPECT_LE(gives, 2 + static_cast<long long>(2 * seconds) + 1) << c << " in " << seconds << " s";
+  EXPECT_EQ(field(c, "dropped"), kFlood - gives) << c;
+  EXPECT_EQ(field(c, "given"), gives * static_cast<long long>(64 * MiB_)) << c;
+  EXPECT_LE(ok, gives);
+  EXPECT_LE(limited, kFlood - gives);
+  EXPECT_EQ(released, static_cast<std::uint64_t>(ok) * 64 * MiB_);
   EXPECT_EQ(a.cmd("check"), "check ok=1");
-  std::printf("flood of %d: %d served, %d dropped in %.3f s\n", kFlood, ok, limited, seconds);
+  std::printf("flood of %d: %lld served, %lld dropped in %.3f s\n", kFlood, gives,
+              field(c, "dropped"), seconds);
 }
 
 TEST(Coop, HostileRequestsCannotFreeLiveMemoryOrCrashTheProcess) {
@@ -272,7 +291,8 @@ TEST(Coop, HostileRequestsCannotFreeLiveMemoryOrCrashTheProcess) {
   for (std::size_t len : {0, 1, 8, 63, 64, 65, 200, 4096}) {
     std::vector<std::uint8_t> junk(len);
     for (auto& b : junk) b = static_cast<std::uint8_t>(rng());
-    if (sock->send_raw(a.pid(), *start, junk.data(), junk.size())) ++sent;
+    if (with_retries([&] { return sock->send_raw(a.pid(), *start, junk.data(), junk.size()); }))
+      ++sent;
   }
   std::uint8_t good[coop::kMessageBytes];
   coop::encode(request_for(*counters, 64 * MiB_, 1), good);
@@ -285,12 +305,12 @@ TEST(Coop, HostileRequestsCannotFreeLiveMemoryOrCrashTheProcess) {
     std::uint8_t bad[coop::kMessageBytes];
     std::memcpy(bad, good, sizeof bad);
     bad[off] = value;
-    if (sock->send_raw(a.pid(), *start, bad, sizeof bad)) ++sent;
+    if (with_retries([&] { return sock->send_raw(a.pid(), *start, bad, sizeof bad); })) ++sent;
   }
   // A reply sent as if it were a request.
   coop::Message reply = request_for(*counters, 64 * MiB_, 2);
   reply.kind = coop::Kind::reply;
-  if (sock->send_to(a.pid(), *start, reply)) ++sent;
+  if (with_retries([&] { return sock->send_to(a.pid(), *start, reply); })) ++sent;
   // A well-formed request carrying a file descriptor: the descriptor must not leak into A.
   {
     int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -316,7 +336,8 @@ TEST(Coop, HostileRequestsCannotFreeLiveMemoryOrCrashTheProcess) {
     c->cmsg_type = SCM_RIGHTS;
     c->cmsg_len = CMSG_LEN(sizeof(int));
     std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
-    EXPECT_EQ(sendmsg(sock->fd(), &msg, 0), static_cast<ssize_t>(sizeof buf));
+    EXPECT_TRUE(with_retries(
+        [&] { return sendmsg(sock->fd(), &msg, 0) == static_cast<ssize_t>(sizeof buf); }));
     close(fd);
     auto r = sock->receive(2000);  // answered: no such device here
     ASSERT_TRUE(r && r->message);
@@ -339,7 +360,10 @@ TEST(Coop, HostileRequestsCannotFreeLiveMemoryOrCrashTheProcess) {
     if (child == 0) {
       if (setgid(65534) != 0 || setuid(65534) != 0) _exit(3);
       auto s = coop::Socket::ephemeral();
-      if (!s || !s->send_to(a.pid(), *start, request_for(*counters, 1ull << 40, 4))) _exit(4);
+      if (!s || !with_retries([&] {
+            return s->send_to(a.pid(), *start, request_for(*counters, 1ull << 40, 4));
+          }))
+        _exit(4);
       _exit(s->receive(500) ? 5 : 0);  // no reply expected
     }
     int status = 0;
@@ -350,7 +374,8 @@ TEST(Coop, HostileRequestsCannotFreeLiveMemoryOrCrashTheProcess) {
     EXPECT_EQ(field(c2, "given"), 0) << c2;
   }
   // Still alive and serving: a legitimate request for everything releases the idle cache only.
-  ASSERT_TRUE(sock->send_to(a.pid(), *start, request_for(*counters, 1ull << 40, 5)));
+  ASSERT_TRUE(with_retries(
+      [&] { return sock->send_to(a.pid(), *start, request_for(*counters, 1ull << 40, 5)); }));
   auto r = sock->receive(2000);
   ASSERT_TRUE(r && r->message);
   EXPECT_EQ(r->message->status, coop::ReplyStatus::ok);
