@@ -13,9 +13,10 @@
 // shared-memory object "/gpustitch-sim.<uid>.<NAME>" (one std::atomic<uint64_t> of bytes in use
 // per device, lock-free across processes): create() checks and adds in one compare-exchange, so
 // two processes can never over-commit. UUIDs derive from NAME and the
-// ordinal, so every process reports the same UUID for the same simulated GPU. A process that dies
-// without releasing its handles leaves its bytes counted (a test removes the object with
-// SimBackend::unlink_shared(NAME)). Fault injection makes the Nth call of any
+// ordinal, so every process reports the same UUID for the same simulated GPU. Bytes of handles a
+// process still holds when it ends stay counted unless its backend is destroyed first (the preload
+// library never destroys its backend): use a fresh NAME per test, and remove the object with
+// SimBackend::unlink_shared(NAME). Fault injection makes the Nth call of any
 // operation fail, to test rollback.
 #pragma once
 
