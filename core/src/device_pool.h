@@ -4,6 +4,7 @@
 
 #include <map>
 #include <memory>
+#include <memory_resource>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -25,9 +26,9 @@ struct Outcome {
   ServedBy how = ServedBy::cache;
   std::size_t size = 0;  // allocate: rounded size; free: the size the caller had asked for
   bool has_event = false;
-  PoolEvent event{};
+  PoolEvent event;  // left uninitialised (read only when has_event): off the hot path's stores
   bool has_event2 = false;
-  PoolEvent event2{};
+  PoolEvent event2;
   void add(const PoolEvent& e) {
     if (!has_event) {
       event = e, has_event = true;
@@ -62,7 +63,8 @@ class DevicePool final : private ChunkSource {
       return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
     }
   };
-  using FreeSet = std::set<Block*, BySize>;
+  // Node containers draw from node_pool_ (under mu_), not from malloc, on the hot path.
+  using FreeSet = std::pmr::set<Block*, BySize>;
   struct LiveEntry {
     Block* block = nullptr;  // large allocation
     Chunk* chunk = nullptr;  // small allocation
@@ -156,9 +158,12 @@ class DevicePool final : private ChunkSource {
   std::vector<Range> failed_unmaps_;
   std::vector<Range> failed_unreserves_;  // retried once no failed unmap lies inside
   std::vector<Handle*> failed_releases_;
-  FreeSet free_;
-  std::unordered_map<Stream, FreeSet> stream_free_;
-  std::unordered_map<DevPtr, LiveEntry> live_;
+  std::pmr::unsynchronized_pool_resource node_pool_;
+  FreeSet free_{&node_pool_};
+  // Per stream, its pending blocks; an emptied set is kept for the stream's next free (trim
+  // drops the empty ones).
+  std::pmr::unordered_map<Stream, FreeSet> stream_free_{&node_pool_};
+  std::pmr::unordered_map<DevPtr, LiveEntry> live_{&node_pool_};
   Block* fq_head_ = nullptr;
   Block* fq_tail_ = nullptr;
   std::atomic<std::uint64_t> epoch_{1};
