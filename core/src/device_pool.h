@@ -15,6 +15,7 @@
 #include "gpustitch/config.h"
 #include "gpustitch/pool.h"
 #include "gpustitch/stats.h"
+#include "hybrid_lock.h"
 #include "pool_types.h"
 #include "reclaimer.h"
 #include "small_pool.h"
@@ -140,7 +141,7 @@ class DevicePool final : private ChunkSource {
   const Config& config_;
   const int device_;
   PoolObserver* observer_;
-  mutable std::mutex mu_;
+  mutable HybridLock mu_;
   bool usable_ = false;
   std::size_t granularity_ = 0;
   bool map_offset_ = false;

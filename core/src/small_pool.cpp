@@ -167,6 +167,7 @@ void SmallPool::destroy_chunk(Chunk* c, ChunkSource& source) {
   remove_partial(c);
   --classes_[c->cls].empty;
   chunks_.erase(c->base);
+  if (last_chunk_ == c) last_chunk_ = nullptr;
   source.return_chunk(c->block);
   delete c;
 }
@@ -199,11 +200,15 @@ std::size_t SmallPool::release_empty(ChunkSource& source) {
 }
 
 Chunk* SmallPool::chunk_of(DevPtr ptr) const {
+  // A thread mostly frees what it just allocated: the last chunk found is checked first.
+  if (Chunk* last = last_chunk_; last != nullptr && ptr - last->base < chunk_size_) return last;
   auto it = chunks_.upper_bound(ptr);
   if (it == chunks_.begin()) return nullptr;
   --it;
   Chunk* c = it->second;
-  return ptr < c->base + chunk_size_ ? c : nullptr;
+  if (ptr >= c->base + chunk_size_) return nullptr;
+  last_chunk_ = c;
+  return c;
 }
 
 }  // namespace gpustitch::detail

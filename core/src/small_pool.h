@@ -139,6 +139,7 @@ class SmallPool {
   std::size_t chunk_size_;
   std::vector<SizeClass> classes_;
   std::map<DevPtr, Chunk*> chunks_;
+  mutable Chunk* last_chunk_ = nullptr;  // chunk_of's last answer
   std::deque<SlotRef> pending_;
   std::unordered_map<Stream, StreamCache> stream_caches_;
   Stream last_stream_ = kAnyStream;  // the stream whose cache is last_cache_
