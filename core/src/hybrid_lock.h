@@ -40,7 +40,7 @@ class HybridLock {
   }
 
  private:
-  static constexpr long kSleepNs = 200'000;  // bound on the latency of a missed wake-up
+  static constexpr long kSleepNs = 50'000;  // bound on the latency of a missed wake-up
   static constexpr int kSpins = 200;
 
   void lock_slow() noexcept {
