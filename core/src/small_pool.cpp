@@ -6,7 +6,10 @@
 
 namespace gpustitch::detail {
 namespace {
-constexpr std::size_t kStreamCacheDepth = 256;  // per stream and class, at most
+// Per stream and class: an eighth of a chunk's slots, between 2 and 64. A stream's cached slots are
+// reusable by it alone until they leave the cache, so this bounds what a stream keeps to itself
+// (about 256 KiB per class with 2 MiB chunks, 2 slots for the largest classes).
+constexpr std::size_t kStreamCacheMin = 2, kStreamCacheMax = 64;
 
 // The class of size (>= 1) in the series 512, 1024, 1536, 2048, then p*5/4, p*3/2, p*7/4, 2p for
 // each power of two p >= 2048, computed directly.
@@ -45,8 +48,8 @@ SmallPool::StreamCache& SmallPool::cache_of(Stream stream) {
     caches.resize(classes_.size());
     for (std::size_t i = 0; i < classes_.size(); ++i) {
       const std::size_t per_chunk = chunk_size_ / classes_[i].size;
-      caches[i].set_capacity(
-          static_cast<std::uint32_t>(std::clamp<std::size_t>(per_chunk, 4, kStreamCacheDepth)));
+      caches[i].set_capacity(static_cast<std::uint32_t>(
+          std::clamp<std::size_t>(per_chunk / 8, kStreamCacheMin, kStreamCacheMax)));
     }
   }
   last_stream_ = stream;
