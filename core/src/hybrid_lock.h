@@ -41,7 +41,7 @@ class HybridLock {
 
  private:
   static constexpr long kSleepNs = 50'000;  // bound on the latency of a missed wake-up
-  static constexpr int kSpins = 200;
+  static constexpr int kSpins = 32;
 
   void lock_slow() noexcept {
     for (int i = 0; i < kSpins; ++i) {
