@@ -2,11 +2,11 @@
 // GPUSTITCH_TEST_BACKEND=cuda). Tests that need fault injection or capacity control skip on CUDA.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <random>
-#include <atomic>
-#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -233,41 +233,51 @@ TEST(Pool, RequestBeyondCapacityIsOutOfMemoryWithOneEvent) {
   ASSERT_EQ(pool.allocate(0, 8 * GiB, kAnyStream, &p), Status::ok) << "the whole device fits";
 }
 
-// The seeds' failure: 18.5 GiB free in 2 MiB holes of partly used handles, nothing contiguous of
-// 2 GiB. With stitching a 2 GiB allocation succeeds; without, it fails.
-class SeedsScenario : public ::testing::TestWithParam<bool> {};
+// The seeds' failure: 18.5 GiB free in holes scattered between live tensors, nothing contiguous
+// of 2 GiB. With stitching a 2 GiB allocation succeeds without new memory; without, it fails.
+// Two drivers: one that maps at an offset into a handle (holes of 2 MiB in partly used handles)
+// and one that cannot (the H200 with driver 580 and CUDA 13.0: segments are built from 64 MiB
+// handles and cut only on handle boundaries, so the holes are whole handles).
+struct SeedsCase {
+  bool map_offset;
+  bool stitching;
+};
+
+class SeedsScenario : public ::testing::TestWithParam<SeedsCase> {};
 
 TEST_P(SeedsScenario, TwoGiBFitsInScatteredHolesOnlyWithStitching) {
-  const bool stitching = GetParam();
-  TestDevice dev = make_test_device({.capacity = 40 * GiB});
+  const auto [map_offset, stitching] = GetParam();
+  TestDevice dev = make_test_device({.capacity = 40 * GiB, .map_offset = map_offset});
   if (dev.sim == nullptr) GTEST_SKIP() << "needs a 40 GiB simulated device";
   Config c = inline_config();
   c.stitching = stitching;
   Pool pool(*dev.backend, c);
-  // 20 segments of 2 GiB, freed to the cache, then cut into 2 MiB tensors (like a caching
-  // allocator's segments being split).
+  // 20 segments of 2 GiB, freed to the cache, then cut into tensors (like a caching allocator's
+  // segments being split).
   std::vector<DevPtr> segs(20);
   for (auto& s : segs) ASSERT_EQ(pool.allocate(0, 2 * GiB, kAnyStream, &s), Status::ok);
   for (auto s : segs) ASSERT_EQ(pool.deallocate(s), Status::ok);
   pool.drain_pending(0);
-  std::vector<DevPtr> tensors(20 * 1024);
-  for (auto& t : tensors) ASSERT_EQ(pool.allocate(0, 2 * MiB, kAnyStream, &t), Status::ok);
-  // Free 9472 scattered tensors (18.5 GiB): every other one, and a few more, never two adjacent.
+  const std::size_t tensor = map_offset ? 2 * MiB : 64 * MiB;
+  std::vector<DevPtr> tensors(40 * GiB / tensor);
+  for (auto& t : tensors) ASSERT_EQ(pool.allocate(0, tensor, kAnyStream, &t), Status::ok);
+  EXPECT_EQ(pool.stats(0).fresh, 20u) << "the tensors must come from the cached segments";
+  // Free every other tensor until 18.5 GiB are free: never two adjacent.
   std::vector<DevPtr> kept;
   std::size_t freed = 0;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
-    if (i % 2 == 1 && freed < 9472) {
+    if (i % 2 == 1 && freed < 18 * GiB + 512 * MiB) {
       ASSERT_EQ(pool.deallocate(tensors[i]), Status::ok);
-      ++freed;
+      freed += tensor;
     } else {
       kept.push_back(tensors[i]);
-      stamp(dev, tensors[i], 2 * MiB, tensors[i]);
+      stamp(dev, tensors[i], tensor, tensors[i]);
     }
   }
   pool.drain_pending(0);
   DeviceStats before = pool.stats(0);
   EXPECT_EQ(before.bytes_cached, 18 * GiB + 512 * MiB);
-  EXPECT_EQ(before.largest_free_block, 2 * MiB);
+  EXPECT_EQ(before.largest_free_block, tensor);
   DevPtr big = 0;
   Status s = pool.allocate(0, 2 * GiB, kAnyStream, &big);
   if (!stitching) {
@@ -279,7 +289,6 @@ TEST_P(SeedsScenario, TwoGiBFitsInScatteredHolesOnlyWithStitching) {
   EXPECT_EQ(after.stitches, 1u);
   EXPECT_EQ(after.bytes_reserved, before.bytes_reserved) << "stitching must not need new memory";
   // The stitched range is one contiguous, writable range; neighbours keep their bytes.
-  std::vector<std::uint8_t> pattern(2 * GiB / 1024);
   for (std::size_t off = 0; off < 2 * GiB; off += 64 * MiB) {
     std::uint64_t tag = 0xabc000 + off;
     dev.write(big + off, &tag, 8);
@@ -289,7 +298,7 @@ TEST_P(SeedsScenario, TwoGiBFitsInScatteredHolesOnlyWithStitching) {
     dev.read(big + off, &got, 8);
     ASSERT_EQ(got, 0xabc000 + off);
   }
-  for (DevPtr t : kept) ASSERT_TRUE(check(dev, t, 2 * MiB, t));
+  for (DevPtr t : kept) ASSERT_TRUE(check(dev, t, tensor, t));
   ASSERT_EQ(pool.deallocate(big), Status::ok);
   // A second allocation of the same size reuses the cached stitched range.
   pool.drain_pending(0);
@@ -299,8 +308,14 @@ TEST_P(SeedsScenario, TwoGiBFitsInScatteredHolesOnlyWithStitching) {
   EXPECT_EQ(pool.stats(0).stitches, 1u);
 }
 
-INSTANTIATE_TEST_SUITE_P(StitchingOnOff, SeedsScenario, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "on" : "off"; });
+INSTANTIATE_TEST_SUITE_P(Drivers, SeedsScenario,
+                         ::testing::Values(SeedsCase{true, true}, SeedsCase{true, false},
+                                           SeedsCase{false, true}, SeedsCase{false, false}),
+                         [](const auto& info) {
+                           return std::string(info.param.map_offset ? "OffsetMaps"
+                                                                    : "WholeHandles") +
+                                  (info.param.stitching ? "_StitchingOn" : "_StitchingOff");
+                         });
 
 TEST(Pool, StitchingWithoutOffsetMappingLendsWholeHandles) {
   TestDevice dev = make_test_device({.capacity = 4 * GiB, .map_offset = false});
@@ -522,52 +537,3 @@ TEST(Pool, ConcurrentThreadsNeverShareMemory) {
   EXPECT_EQ(failures.load(), 0);
   EXPECT_EQ(pool.stats(0).live_blocks, 0u);
 }
-
-// The same story where the driver cannot map at an offset into a handle (the H200 with driver 580
-// and CUDA 13.0): segments are built from 64 MiB handles and cut only on handle boundaries, so the
-// holes are whole handles, scattered between live tensors of partly used segments.
-class SeedsScenarioWholeHandles : public ::testing::TestWithParam<bool> {};
-
-TEST_P(SeedsScenarioWholeHandles, TwoGiBFitsInScatteredHandlesOnlyWithStitching) {
-  const bool stitching = GetParam();
-  TestDevice dev = make_test_device({.capacity = 40 * GiB, .map_offset = false});
-  if (dev.sim == nullptr) GTEST_SKIP() << "needs a 40 GiB simulated device";
-  Config c = inline_config();
-  c.stitching = stitching;
-  Pool pool(*dev.backend, c);
-  std::vector<DevPtr> segs(20);
-  for (auto& s : segs) ASSERT_EQ(pool.allocate(0, 2 * GiB, kAnyStream, &s), Status::ok);
-  for (auto s : segs) ASSERT_EQ(pool.deallocate(s), Status::ok);
-  pool.drain_pending(0);
-  std::vector<DevPtr> tensors(20 * 32);
-  for (auto& t : tensors) ASSERT_EQ(pool.allocate(0, 64 * MiB, kAnyStream, &t), Status::ok);
-  EXPECT_EQ(pool.stats(0).fresh, 20u) << "64 MiB tensors must come from the cached segments";
-  std::vector<DevPtr> kept;
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    if (i % 2 == 1 && i < 2 * 296) {  // 296 holes of 64 MiB: 18.5 GiB, none adjacent
-      ASSERT_EQ(pool.deallocate(tensors[i]), Status::ok);
-    } else {
-      kept.push_back(tensors[i]);
-      stamp(dev, tensors[i], 64 * MiB, tensors[i]);
-    }
-  }
-  pool.drain_pending(0);
-  DeviceStats before = pool.stats(0);
-  EXPECT_EQ(before.bytes_cached, 18 * GiB + 512 * MiB);
-  EXPECT_EQ(before.largest_free_block, 64 * MiB);
-  DevPtr big = 0;
-  Status s = pool.allocate(0, 2 * GiB, kAnyStream, &big);
-  if (!stitching) {
-    EXPECT_EQ(s, Status::out_of_memory);
-    return;
-  }
-  ASSERT_EQ(s, Status::ok);
-  EXPECT_EQ(pool.stats(0).stitches, 1u);
-  EXPECT_EQ(pool.stats(0).bytes_reserved, before.bytes_reserved);
-  stamp(dev, big, 2 * GiB, 0xfeed);
-  EXPECT_TRUE(check(dev, big, 2 * GiB, 0xfeed));
-  for (DevPtr t : kept) ASSERT_TRUE(check(dev, t, 64 * MiB, t));
-}
-
-INSTANTIATE_TEST_SUITE_P(StitchingOnOff, SeedsScenarioWholeHandles, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "on" : "off"; });

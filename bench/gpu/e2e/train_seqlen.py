@@ -177,8 +177,11 @@ def main():
 
     try:
         import torch
-        import torch.nn as nn
         import torch.nn.functional as F
+        # The model, shared with the compatibility matrix (tools/gpu/gpt_model.py).
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                        "..", "..", "..", "tools", "gpu"))
+        from gpt_model import Gpt
     except ImportError as e:
         result["error"] = f"import torch: {e}"
         return finish(1)
@@ -216,45 +219,11 @@ def main():
     result["shim_active"] = shim.active()
 
     # --- model ---
-    class Block(nn.Module):
-        def __init__(self, d, heads):
-            super().__init__()
-            self.heads = heads
-            self.ln1 = nn.LayerNorm(d)
-            self.qkv = nn.Linear(d, 3 * d)
-            self.proj = nn.Linear(d, d)
-            self.ln2 = nn.LayerNorm(d)
-            self.fc = nn.Linear(d, 4 * d)
-            self.out = nn.Linear(4 * d, d)
-
-        def forward(self, x):
-            b, t, d = x.shape
-            q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
-            y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                               v.transpose(1, 2), is_causal=True)
-            x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
-            return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-    class Gpt(nn.Module):
-        def __init__(self, vocab, d, heads, layers, max_len):
-            super().__init__()
-            self.tok = nn.Embedding(vocab, d)
-            self.pos = nn.Embedding(max_len, d)
-            self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
-            self.ln = nn.LayerNorm(d)
-            self.head = nn.Linear(d, vocab, bias=False)
-            self.head.weight = self.tok.weight
-
-        def forward(self, idx):
-            x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
-            for blk in self.blocks:
-                x = blk(x)
-            return self.head(self.ln(x))
-
     torch.manual_seed(args.seed)
     torch.backends.cuda.matmul.allow_tf32 = True
     try:
-        model = Gpt(args.vocab, args.d_model, args.heads, args.layers, args.max_len).to(dev)
+        model = Gpt(args.vocab, args.d_model, args.heads, args.layers, args.max_len,
+                    attention="sdpa").to(dev)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
     except torch.OutOfMemoryError as e:
         result["oom"] = True

@@ -186,12 +186,9 @@ void write_frames(PickleWriter& w, const std::vector<SnapshotFrame>& frames) {
   w.begin_list();
   for (const auto& f : frames) {
     w.begin_dict();
-    w.key("filename");
-    w.str(f.filename);
-    w.key("line");
-    w.integer(f.line);
-    w.key("name");
-    w.str(f.name);
+    w.str_entry("filename", f.filename);
+    w.int_entry("line", f.line);
+    w.str_entry("name", f.name);
     w.end_dict();
   }
   w.end_list();
@@ -205,44 +202,29 @@ std::string snapshot_pickle(const SnapshotData& data) {
   w.begin_list();
   for (const auto& s : data.segments) {
     w.begin_dict();
-    w.key("device");
-    w.integer(s.device);
-    w.key("address");
-    w.uinteger(s.address);
-    w.key("total_size");
-    w.uinteger(s.total_size);
-    w.key("allocated_size");
-    w.uinteger(s.allocated_size);
-    w.key("active_size");
-    w.uinteger(s.active_size);
-    w.key("requested_size");
-    w.uinteger(s.requested_size);
-    w.key("stream");
-    w.uinteger(s.stream);
-    w.key("segment_type");
-    w.str(s.segment_type);
+    w.int_entry("device", s.device);
+    w.uint_entry("address", s.address);
+    w.uint_entry("total_size", s.total_size);
+    w.uint_entry("allocated_size", s.allocated_size);
+    w.uint_entry("active_size", s.active_size);
+    w.uint_entry("requested_size", s.requested_size);
+    w.uint_entry("stream", s.stream);
+    w.str_entry("segment_type", s.segment_type);
     w.key("segment_pool_id");
     w.begin_tuple2();
     w.integer(0);
     w.integer(0);
     w.end_tuple2();
-    w.key("is_expandable");
-    w.boolean(s.is_expandable);
-    w.key("frames");
-    w.begin_list();
-    w.end_list();
+    w.bool_entry("is_expandable", s.is_expandable);
+    w.empty_list_entry("frames");
     w.key("blocks");
     w.begin_list();
     for (const auto& b : s.blocks) {
       w.begin_dict();
-      w.key("address");
-      w.uinteger(b.address);
-      w.key("size");
-      w.uinteger(b.size);
-      w.key("requested_size");
-      w.uinteger(b.requested_size);
-      w.key("state");
-      w.str(b.state);
+      w.uint_entry("address", b.address);
+      w.uint_entry("size", b.size);
+      w.uint_entry("requested_size", b.requested_size);
+      w.str_entry("state", b.state);
       w.key("frames");
       write_frames(w, b.frames);
       w.end_dict();
@@ -257,24 +239,16 @@ std::string snapshot_pickle(const SnapshotData& data) {
     w.begin_list();
     for (const auto& e : entries) {
       w.begin_dict();
-      w.key("action");
-      w.str(e.action);
+      w.str_entry("action", e.action);
       if (e.action != "oom") {
-        w.key("addr");
-        w.uinteger(e.addr);
+        w.uint_entry("addr", e.addr);
       }
-      w.key("frames");
-      w.begin_list();
-      w.end_list();
-      w.key("size");
-      w.uinteger(e.size);
-      w.key("stream");
-      w.uinteger(e.stream);
-      w.key("time_us");
-      w.uinteger(e.time_us);
+      w.empty_list_entry("frames");
+      w.uint_entry("size", e.size);
+      w.uint_entry("stream", e.stream);
+      w.uint_entry("time_us", e.time_us);
       if (e.action == "oom") {
-        w.key("device_free");
-        w.uinteger(e.device_free);
+        w.uint_entry("device_free", e.device_free);
       }
       w.end_dict();
     }
@@ -283,8 +257,7 @@ std::string snapshot_pickle(const SnapshotData& data) {
   w.end_list();
   w.key("allocator_settings");
   w.begin_dict();
-  w.key("backend");
-  w.str("gpustitch");
+  w.str_entry("backend", "gpustitch");
   w.end_dict();
   w.end_dict();
   return w.finish();

@@ -121,17 +121,7 @@ char* put_hex(char* p, std::uint64_t v) noexcept {
 }
 
 const char* served_by_name(std::uint8_t s) noexcept {
-  switch (static_cast<ServedBy>(s)) {
-    case ServedBy::cache:
-      return "cache";
-    case ServedBy::fresh:
-      return "fresh";
-    case ServedBy::stitched:
-      return "stitched";
-    case ServedBy::small:
-      return "small";
-  }
-  return "unknown";
+  return to_string(static_cast<ServedBy>(s));  // "unknown" for values outside the enum
 }
 
 const char* errno_text(int e) noexcept {

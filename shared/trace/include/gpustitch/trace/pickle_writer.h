@@ -37,6 +37,29 @@ class PickleWriter {
   void boolean(bool v);
   void none();
 
+  // A dict entry: key then value.
+  void str_entry(std::string_view k, std::string_view v) {
+    key(k);
+    str(v);
+  }
+  void int_entry(std::string_view k, std::int64_t v) {
+    key(k);
+    integer(v);
+  }
+  void uint_entry(std::string_view k, std::uint64_t v) {
+    key(k);
+    uinteger(v);
+  }
+  void bool_entry(std::string_view k, bool v) {
+    key(k);
+    boolean(v);
+  }
+  void empty_list_entry(std::string_view k) {
+    key(k);
+    begin_list();
+    end_list();
+  }
+
   // Appends STOP and returns the pickle. The writer must be balanced (every begin ended).
   std::string finish();
 
