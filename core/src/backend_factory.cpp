@@ -10,6 +10,7 @@ std::unique_ptr<Backend> make_sim_backend(const Config& config) {
   o.capacity = config.sim_capacity;
   o.granularity = config.sim_granularity;
   o.map_offset = config.sim_map_offset;
+  o.shared_name = config.sim_shared;
   return std::make_unique<SimBackend>(o);
 }
 

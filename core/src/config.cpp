@@ -116,6 +116,16 @@ const std::vector<KeySpec>& key_specs() {
        }},
       {"sim_map_offset", "on or off",
        [](std::string_view v, Config& c) { return parse_bool(v, &c.sim_map_offset); }},
+      {"sim_shared", "a name of letters, digits, '_', '-' or '.' (at most 64)",
+       [](std::string_view v, Config& c) {
+         if (v.empty() || v.size() > 64) return false;
+         for (char ch : v) {
+           const bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                           (ch >= '0' && ch <= '9') || ch == '_' || ch == '-' || ch == '.';
+           if (!ok) return false;
+         }
+         return c.sim_shared = std::string(v), true;
+       }},
       {"enable", "on or off",
        [](std::string_view v, Config& c) { return parse_bool(v, &c.enabled); }},
       {"ipc", "native or pool",
@@ -151,6 +161,19 @@ const std::vector<KeySpec>& key_specs() {
          std::uint64_t n;
          if (!parse_u64(v, &n) || n > UINT32_MAX) return false;
          return c.sites_sample = static_cast<unsigned>(n), true;
+       }},
+      {"coop", "on or off", [](std::string_view v, Config& c) { return parse_bool(v, &c.coop); }},
+      {"coop_wait_ms", "milliseconds between 0 and 5000",
+       [](std::string_view v, Config& c) {
+         std::uint64_t n;
+         if (!parse_u64(v, &n) || n > 5000) return false;
+         return c.coop_wait_ms = static_cast<unsigned>(n), true;
+       }},
+      {"coop_rate", "releases per second between 1 and 1000",
+       [](std::string_view v, Config& c) {
+         std::uint64_t n;
+         if (!parse_u64(v, &n) || n < 1 || n > 1000) return false;
+         return c.coop_rate = static_cast<unsigned>(n), true;
        }},
   };
   return specs;

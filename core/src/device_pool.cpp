@@ -973,6 +973,72 @@ std::size_t DevicePool::trim(Outcome* outcome) noexcept {
   return released;
 }
 
+// Cooperative release (another process is about to run out of memory on this GPU): unlike trim,
+// which empties the whole cache under one lock hold, this gives back about `bytes`, one view per
+// lock hold, choosing the smallest wholly free view that covers what is still wanted (else the
+// largest), so that little more than asked leaves the cache and the program's own allocations
+// never wait for more than one unmap+release. Idle stitched views are dissolved first (that
+// unmaps aliases only; their borrowed blocks return to their home views, which may then be
+// wholly free). Pending memory is fenced once, without the lock, only when fenced memory is not
+// enough.
+std::size_t DevicePool::release_one_locked(std::size_t wanted) noexcept {
+  const std::size_t reserved_before = stats_.bytes_reserved;
+  retry_teardown();
+  std::vector<View*> idle;
+  for (auto& [base, v] : views_) {
+    if (v->stitched && v->wholly_free()) idle.push_back(v);
+  }
+  for (View* v : idle) dissolve(v);
+  View* best = nullptr;
+  for (auto& [base, v] : views_) {
+    if (v->stitched || !v->wholly_free()) continue;
+    if (best == nullptr) {
+      best = v;
+    } else if (v->size >= wanted) {
+      if (best->size < wanted || v->size < best->size) best = v;
+    } else if (best->size < wanted && v->size > best->size) {
+      best = v;
+    }
+  }
+  if (best != nullptr) destroy_view(best);
+  return reserved_before - stats_.bytes_reserved;
+}
+
+std::size_t DevicePool::release_idle(std::size_t bytes) noexcept {
+  if (bytes == 0) return 0;
+  std::size_t released = 0;
+  std::size_t handles_released = 0;
+  bool fenced = false;
+  while (released < bytes) {
+    std::size_t got;
+    bool pending;
+    {
+      std::lock_guard lock(mu_);
+      if (!usable_) break;
+      const std::size_t handles_before = stats_.handles;
+      got = release_one_locked(bytes - released);
+      handles_released += handles_before - stats_.handles;
+      pending = has_pending();
+    }
+    released += got;
+    if (got != 0) continue;
+    if (fenced || !pending) break;
+    fenced = true;
+    fence_pass();  // waits for the device without the lock, then makes fenced memory free
+  }
+  if (released != 0) {
+    Outcome outcome;
+    {
+      std::lock_guard lock(mu_);
+      ++stats_.trims;
+      stats_.trimmed_bytes += released;
+      outcome.add(make_event(EventKind::trim, released, handles_released));
+    }
+    emit(outcome);
+  }
+  return released;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Chunks for the small pool
 

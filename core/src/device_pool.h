@@ -49,6 +49,7 @@ class DevicePool final : private ChunkSource {
   Status deallocate(DevPtr ptr, Stream stream, Outcome* outcome) noexcept;
   bool find(DevPtr ptr, BlockInfo* out) const noexcept;
   std::size_t trim(Outcome* outcome) noexcept;
+  std::size_t release_idle(std::size_t bytes) noexcept;
   Status grant_peer_access(int peer) noexcept;
   Status mem_info(std::size_t* free, std::size_t* total) noexcept;
   DeviceStats stats() const noexcept;
@@ -117,6 +118,7 @@ class DevicePool final : private ChunkSource {
   void fence_locked() noexcept;  // slow path: fence with the lock held
   void promote(std::uint64_t epoch) noexcept;
   std::size_t trim_locked(std::size_t keep, Outcome* outcome) noexcept;
+  std::size_t release_one_locked(std::size_t wanted) noexcept;
   void maybe_release_locked(Outcome* outcome) noexcept;
 
   // --- small objects (arena.h) ---

@@ -66,6 +66,11 @@ std::size_t Pool::trim(int device) noexcept {
   return dp->trim(&outcome);
 }
 
+std::size_t Pool::release_idle(int device, std::size_t bytes) noexcept {
+  DevicePool* dp = this->device(device);
+  return dp == nullptr ? 0 : dp->release_idle(bytes);
+}
+
 Status Pool::grant_peer_access(int device, int peer) noexcept {
   DevicePool* dp = this->device(device);
   if (dp == nullptr || peer < 0 || peer >= device_count_) return Status::invalid_device;

@@ -7,8 +7,10 @@
 // puts the PROT_NONE anonymous placeholder back so the address range stays reserved.
 #include "gpustitch/sim_backend.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <condition_variable>
@@ -46,6 +48,13 @@ struct SimBackend::State {
     std::uint64_t calls = 0;
   };
   Fault faults[static_cast<int>(SimOp::count_)];
+  // Shared device (sim_shared:NAME): bytes in use per device, for every process using NAME.
+  struct Shared {
+    std::atomic<std::uint64_t> used[16];
+  };
+  static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
+  Shared* shared = nullptr;
+  std::uint64_t shared_identity = 0;
 
   // The reservation containing [ptr, ptr+size), or reservations.end().
   std::map<DevPtr, std::size_t>::iterator reservation_of(DevPtr ptr, std::size_t size) {
@@ -73,6 +82,7 @@ SimBackend::SimBackend(SimOptions options) : options_(options), state_(std::make
     options_.granularity = 2 * MiB;
   }
   state_->used.assign(options_.devices, 0);
+  open_shared();
   state_->external.assign(options_.devices, 0);
   static std::atomic<std::uint64_t> instances{0};
   timespec now{};
@@ -88,7 +98,60 @@ SimBackend::SimBackend(SimOptions options) : options_(options), state_(std::make
   }
 }
 
+namespace {
+bool valid_shared_name(const std::string& n) {
+  if (n.empty() || n.size() > 64) return false;
+  for (char c : n) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '-' || c == '.';
+    if (!ok) return false;
+  }
+  return true;
+}
+std::string shared_object(const std::string& name) {
+  return "/gpustitch-sim." + std::to_string(geteuid()) + "." + name;
+}
+}  // namespace
+
+void SimBackend::open_shared() noexcept {
+  if (!valid_shared_name(options_.shared_name)) return;
+  if (options_.devices > 16) options_.devices = 16;
+  const std::string obj = shared_object(options_.shared_name);
+  int fd = shm_open(obj.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return;
+  // Every process sets the same size; a fresh object reads as zeros (no bytes in use).
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || st.st_uid != geteuid() ||
+      (st.st_size != sizeof(State::Shared) &&
+       ftruncate(fd, static_cast<off_t>(sizeof(State::Shared))) != 0)) {
+    close(fd);
+    return;
+  }
+  void* p = mmap(nullptr, sizeof(State::Shared), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) return;
+  state_->shared = static_cast<State::Shared*>(p);
+  // FNV-1a of the name: the same in every process.
+  std::uint64_t h = 1469598103934665603ull;
+  for (char c : options_.shared_name) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  state_->shared_identity = h;
+}
+
+bool SimBackend::shared() const noexcept {
+  return state_->shared != nullptr;
+}
+
+void SimBackend::unlink_shared(const std::string& name) noexcept {
+  if (valid_shared_name(name)) shm_unlink(shared_object(name).c_str());
+}
+
 SimBackend::~SimBackend() {
+  if (state_->shared != nullptr) {
+    // Handles still held go back to the shared device (the pool of a process normally outlives
+    // its backend only at exit).
+    for (auto& [id, h] : state_->handles) state_->shared->used[h.device].fetch_sub(h.size);
+    munmap(state_->shared, sizeof(State::Shared));
+  }
   for (auto& [base, m] : state_->mappings) munmap(reinterpret_cast<void*>(base), m.size);
   for (auto& [base, size] : state_->reservations) munmap(reinterpret_cast<void*>(base), size);
   for (auto& [id, h] : state_->handles) close(h.fd);
@@ -145,8 +208,9 @@ bool SimBackend::supports_map_offset(int) noexcept {
 Status SimBackend::device_uuid(int device, DeviceUuid* out) noexcept {
   if (device < 0 || device >= options_.devices) return Status::invalid_device;
   if (out == nullptr) return Status::invalid_value;
-  DeviceUuid uuid{'S', 'I', 'M', 0};
-  std::memcpy(uuid.data() + 4, &state_->identity, sizeof state_->identity);
+  DeviceUuid uuid{'S', 'I', 'M', static_cast<std::uint8_t>(state_->shared ? 'S' : 0)};
+  const std::uint64_t identity = state_->shared ? state_->shared_identity : state_->identity;
+  std::memcpy(uuid.data() + 4, &identity, sizeof identity);
   const auto ordinal = static_cast<std::uint32_t>(device);
   std::memcpy(uuid.data() + 12, &ordinal, sizeof ordinal);
   *out = uuid;
@@ -157,7 +221,8 @@ Status SimBackend::mem_info(int device, std::size_t* free, std::size_t* total) n
   if (device < 0 || device >= options_.devices) return Status::invalid_device;
   std::lock_guard lock(state_->mu);
   if (Status s = check_fault(SimOp::mem_info); s != Status::ok) return s;
-  std::size_t taken = state_->used[device] + state_->external[device];
+  std::size_t taken = state_->external[device] +
+                      (state_->shared ? state_->shared->used[device].load() : state_->used[device]);
   if (free) *free = taken >= options_.capacity ? 0 : options_.capacity - taken;
   if (total) *total = options_.capacity;
   return Status::ok;
@@ -199,12 +264,31 @@ Status SimBackend::create(int device, std::size_t size, PhysHandle* out) noexcep
   if (size == 0 || size % options_.granularity != 0 || out == nullptr) return Status::invalid_value;
   std::lock_guard lock(state_->mu);
   if (Status s = check_fault(SimOp::create); s != Status::ok) return s;
-  std::size_t taken = state_->used[device] + state_->external[device];
-  if (taken > options_.capacity || size > options_.capacity - taken) return Status::out_of_memory;
+  if (state_->shared != nullptr) {
+    // Check-and-add across processes in one compare-exchange: never over the capacity, and
+    // never a spurious failure from another process's attempt that will not succeed.
+    const std::size_t limit = options_.capacity > state_->external[device]
+                                  ? options_.capacity - state_->external[device]
+                                  : 0;
+    std::uint64_t cur = state_->shared->used[device].load();
+    do {
+      if (cur > limit || size > limit - cur) return Status::out_of_memory;
+    } while (!state_->shared->used[device].compare_exchange_weak(cur, cur + size));
+  } else {
+    std::size_t taken = state_->used[device] + state_->external[device];
+    if (taken > options_.capacity || size > options_.capacity - taken) return Status::out_of_memory;
+  }
+  auto unshare = [&] {
+    if (state_->shared != nullptr) state_->shared->used[device].fetch_sub(size);
+  };
   int fd = memfd_create("gpustitch-sim", MFD_CLOEXEC);
-  if (fd < 0) return Status::out_of_memory;
+  if (fd < 0) {
+    unshare();
+    return Status::out_of_memory;
+  }
   if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
     close(fd);
+    unshare();
     return Status::out_of_memory;
   }
   PhysHandle id = state_->next_handle++;
@@ -222,6 +306,7 @@ Status SimBackend::release(PhysHandle handle) noexcept {
   // Like cuMemRelease: existing mappings keep the memory alive (the kernel does that for us).
   close(it->second.fd);
   state_->used[it->second.device] -= it->second.size;
+  if (state_->shared != nullptr) state_->shared->used[it->second.device].fetch_sub(it->second.size);
   state_->handles.erase(it);
   return Status::ok;
 }

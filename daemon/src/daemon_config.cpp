@@ -45,7 +45,8 @@ std::vector<std::string_view> daemon_config_keys() {
           "log_level",
           "record_prefix",
           "reap",
-          "max_records"};
+          "max_records",
+          "coop_floor_mb"};
 }
 
 DaemonConfigResult parse_daemon_config(std::string_view text, const DaemonConfig& base) {
@@ -132,6 +133,11 @@ DaemonConfigResult parse_daemon_config(std::string_view text, const DaemonConfig
         bad("max_records: a positive number");
       else
         c.max_records = u;
+    } else if (key == "coop_floor_mb") {
+      if (!parse_unsigned(value, &u) || u > (1u << 30))
+        bad("coop_floor_mb: MiB, 0 = off");
+      else
+        c.coop_floor_mb = u;
     } else {
       bad("unknown key '" + k + "'");
     }

@@ -23,6 +23,9 @@ struct DaemonConfig {
   std::string record_prefix = "gpustitch";       // record_prefix (tests only)
   bool reap = true;                              // reap: remove records of exited processes
   unsigned max_records = 4096;                   // max_records: processes tracked at most
+  // Cooperative release: when a GPU's free memory (from the records) falls below this, ask the
+  // processes on it with idle cache to release some (docs/coop.md). 0 = off.
+  unsigned coop_floor_mb = 0;  // coop_floor_mb
 
   // Samples kept per process and device.
   std::size_t history_capacity() const {

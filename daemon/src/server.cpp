@@ -15,6 +15,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "coop_relay.h"
 #include "process_table.h"
 #include "prometheus.h"
 #include "request.h"
@@ -92,6 +93,7 @@ class Server {
 
   const ProcessTable& table() const { return table_; }
   const DaemonConfig& config() const { return config_; }
+  CoopRelay& coop() { return coop_; }
   int& sessions() { return sessions_; }
   asio::io_context& io() { return io_; }
 
@@ -194,6 +196,7 @@ class Server {
 
   void sample() {
     PassStats s = table_.sample();
+    coop_.after_sample(table_, config_);
     spdlog::debug(
         "pass: {} records, {} tracked, {} exited, {} reaped, {} rejected, {} busy, "
         "{:.2f} ms cpu",
@@ -233,6 +236,7 @@ class Server {
   ServerOptions options_;
   DaemonConfig config_;
   ProcessTable table_;
+  CoopRelay coop_;
   asio::io_context io_{1};
   asio::signal_set signals_{io_, SIGTERM, SIGINT, SIGHUP};
   asio::steady_timer sample_timer_{io_};
@@ -280,8 +284,12 @@ void UnixSession::start() {
         if (!ec) line = line.substr(0, n - 1);
         if (ec == asio::error::not_found)
           line = std::string_view(self->in_).substr(0, kMaxRequestBytes + 1);
-        self->out_ =
-            handle_request(line, self->peer_, self->server_.table(), self->server_.config());
+        if (auto coop = self->server_.coop().handle(line, self->peer_, self->server_.table(),
+                                                    self->server_.config()))
+          self->out_ = std::move(*coop);
+        else
+          self->out_ =
+              handle_request(line, self->peer_, self->server_.table(), self->server_.config());
         asio::async_write(self->socket_, asio::buffer(self->out_),
                           [self](boost::system::error_code, std::size_t) {
                             boost::system::error_code ignore;

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdio>
 
+#include "coop.h"
 #include "gpustitch/shm/publisher.h"
 #include "gpustitch/sites/site_sampler.h"
 #include "gpustitch/trace/snapshot.h"
@@ -93,6 +94,7 @@ void add_configured_observers(const Config& config, Pool& pool, ObserverFanout& 
   if (config.publish) {
     shm::PublisherOptions options;
     options.on_tick = on_publisher_tick;
+    options.augment = fill_coop_counters;
     auto publisher = std::make_unique<shm::StatsPublisher>(pool, config, std::move(options));
     if (!publisher->active()) {
       log.debug("statistics not published: {}", publisher->error());
@@ -109,6 +111,10 @@ void add_configured_observers(const Config& config, Pool& pool, ObserverFanout& 
       fanout.add(std::move(publisher));
     }
   }
+}
+
+shm::StatsPublisher* configured_publisher() noexcept {
+  return g_publisher.load();
 }
 
 }  // namespace gpustitch::preload

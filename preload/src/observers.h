@@ -5,6 +5,7 @@
 
 #include "gpustitch/config.h"
 #include "gpustitch/pool.h"
+#include "gpustitch/shm/publisher.h"
 #include "observer_fanout.h"
 
 namespace gpustitch::preload {
@@ -14,5 +15,8 @@ namespace gpustitch::preload {
 // thread can reach the pool through a hook.
 void add_configured_observers(const Config& config, Pool& pool, ObserverFanout& fanout,
                               spdlog::logger& log);
+
+// The statistics publisher add_configured_observers created, or null (publish:off, failure).
+shm::StatsPublisher* configured_publisher() noexcept;
 
 }  // namespace gpustitch::preload

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 
+#include "coop.h"
 #include "gpustitch/backend_factory.h"
 #include "gpustitch/config.h"
 #include "observer_fanout.h"
@@ -138,6 +139,7 @@ void initialize() noexcept {
       return;  // pool and backend leak: harmless, and safer than tearing down half-made state
     }
     add_configured_observers(*g_config, *pool, *g_fanout, lg);
+    start_coop(*g_config, *pool, configured_publisher());
     g_owner_pid = getpid();
     pthread_atfork(&fork_prepare, &fork_parent, &fork_child);
     std::atexit(&print_summary);

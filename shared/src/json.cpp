@@ -58,6 +58,7 @@ json device_to_json(const DeviceCounters& d, JsonDetail detail) {
   } else {
 #define GPUSTITCH_SHM_JSON(name) j[#name] = d.name;
     GPUSTITCH_SHM_DEVICE_COUNTERS(GPUSTITCH_SHM_JSON)
+    GPUSTITCH_SHM_COOP_COUNTERS(GPUSTITCH_SHM_JSON)
 #undef GPUSTITCH_SHM_JSON
   }
   j["fragmentation"] = d.fragmentation();

@@ -130,6 +130,7 @@ void StatsPublisher::Impl::publish_locked() noexcept {
     for (int d = 0; d < n; ++d) {
       scratch[d] = to_counters(source.stats(d), d);
       std::memcpy(scratch[d].uuid, uuids[d], kUuidBytes);
+      if (options.augment) options.augment(d, scratch[d]);
     }
   } catch (...) {
     return;

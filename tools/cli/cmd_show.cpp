@@ -119,6 +119,15 @@ void print_process(const json& answer, const std::string& source, int chart_widt
           {"trims",
            std::to_string(u64(d, "trims")) + " (" + human_bytes(u64(d, "trimmed_bytes")) + ")"},
           {"OOMs", std::to_string(u64(d, "ooms"))}});
+    if (u64(d, "coop_requests") + u64(d, "coop_asks") != 0) {
+      line({{"coop gave", human_bytes(u64(d, "coop_given_bytes")) + " (" +
+                              std::to_string(u64(d, "coop_gives")) + ")"},
+            {"received", human_bytes(u64(d, "coop_received_bytes")) + " (" +
+                             std::to_string(u64(d, "coop_receives")) + ")"},
+            {"asked", std::to_string(u64(d, "coop_asks"))},
+            {"requests", std::to_string(u64(d, "coop_requests"))},
+            {"dropped", std::to_string(u64(d, "coop_dropped"))}});
+    }
     const auto& ha = d.value("hist_allocs", json::array());
     const auto& hl = d.value("hist_live", json::array());
     std::uint64_t most = 0;
@@ -161,6 +170,12 @@ void print_process(const json& answer, const std::string& source, int chart_widt
     else if (kind == "trim" || kind == "release")
       std::cout << "  released " << human_bytes(u64(e, "size")) << " (" << u64(e, "pieces")
                 << " handles)";
+    else if (kind == "coop_give")
+      std::cout << "  gave " << human_bytes(u64(e, "size")) << " of idle cache to pid "
+                << u64(e, "peer_pid");
+    else if (kind == "coop_receive")
+      std::cout << "  received " << human_bytes(u64(e, "size")) << " released by pid "
+                << u64(e, "peer_pid");
     else
       std::cout << "  " << human_bytes(u64(e, "size")) << " peer " << u64(e, "peer_pid");
     std::cout << "\n";

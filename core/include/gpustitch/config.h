@@ -41,6 +41,8 @@ struct Config {
   std::size_t sim_granularity = 2 * MiB;  // sim_granularity_kb
   int sim_devices = 1;                    // sim_devices
   bool sim_map_offset = true;             // sim_map_offset:on|off
+  // Non-empty: processes naming the same device share its capacity, as on one GPU.
+  std::string sim_shared;  // sim_shared:NAME
   // --- layers above the core (preload shim, statistics, tracing) ----------------------------
   bool enabled = true;                 // enable:on|off (shim passes everything through)
   bool ipc_native = false;             // ipc:native|pool
@@ -50,6 +52,11 @@ struct Config {
   unsigned publish_interval_ms = 100;  // publish_interval_ms
   std::size_t sites_min_size = 0;      // sites_min_mb: capture stacks at/above (0=off)
   unsigned sites_sample = 0;           // sites_sample: capture 1 in K (0=off)
+  // Cooperative release between processes sharing a GPU (docs/coop.md): give idle cached memory
+  // to a neighbour about to run out, and ask neighbours before reporting out-of-memory.
+  bool coop = true;            // coop:on|off (off: neither gives nor asks)
+  unsigned coop_wait_ms = 50;  // coop_wait_ms: how long an allocation waits for neighbours
+  unsigned coop_rate = 4;      // coop_rate: releases per second this process grants (burst too)
 };
 
 struct ConfigResult {

@@ -48,6 +48,14 @@ class Pool {
   // for pending frees). Returns the bytes released.
   std::size_t trim(int device) noexcept;
 
+  // Releases idle cached physical memory of device, at least bytes when that much is idle, for
+  // another process that needs it (cooperative release). Only wholly free, fenced memory goes:
+  // never a live block, never memory still waiting for its fence (one fence is waited for,
+  // without the lock, when fenced memory is not enough). The device lock is taken once per
+  // released range, so the process's own allocations wait at most one release. Counts as a
+  // trim in the statistics. Returns the bytes released.
+  std::size_t release_idle(int device, std::size_t bytes) noexcept;
+
   // Makes every present and future mapping of device's pool accessible from peer too.
   Status grant_peer_access(int device, int peer) noexcept;
 

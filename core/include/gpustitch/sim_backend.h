@@ -6,13 +6,24 @@
 // pieces: bytes written through one view read back through another.
 //
 // Device capacity is an accounting limit, so an 80 GiB device can be simulated on a small machine
-// as long as tests touch only a few bytes per block. Fault injection makes the Nth call of any
+// as long as tests touch only a few bytes per block.
+//
+// Shared devices (SimOptions::shared_name, config sim_shared:NAME): processes that name the same
+// NAME see one device, as processes on one GPU do. Capacity is then accounted in the POSIX
+// shared-memory object "/gpustitch-sim.<uid>.<NAME>" (one std::atomic<uint64_t> of bytes in use
+// per device, lock-free across processes): create() checks and adds in one compare-exchange, so
+// two processes can never over-commit. UUIDs derive from NAME and the
+// ordinal, so every process reports the same UUID for the same simulated GPU. Bytes of handles a
+// process still holds when it ends stay counted unless its backend is destroyed first (the preload
+// library never destroys its backend): use a fresh NAME per test, and remove the object with
+// SimBackend::unlink_shared(NAME). Fault injection makes the Nth call of any
 // operation fail, to test rollback.
 #pragma once
 
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "gpustitch/backend.h"
@@ -24,6 +35,9 @@ struct SimOptions {
   std::size_t capacity = 80 * GiB;  // per device
   std::size_t granularity = 2 * MiB;
   bool map_offset = true;  // whether map() accepts a non-zero handle offset
+  // Non-empty: the device's capacity is shared with every process using the same name (see
+  // above). Letters, digits, '_', '-' and '.', at most 64 characters.
+  std::string shared_name = {};
 };
 
 enum class SimOp : int {
@@ -49,7 +63,8 @@ class SimBackend final : public Backend {
   std::size_t granularity(int device) noexcept override;
   bool supports_map_offset(int device) noexcept override;
   // "GPU-5349xxxx-...": unique to this backend object and device (a simulated device is private
-  // to its backend), so processes never take two simulated devices for one GPU.
+  // to its backend), so processes never take two simulated devices for one GPU; for a shared
+  // device, derived from its name and ordinal, the same in every process that shares it.
   Status device_uuid(int device, DeviceUuid* out) noexcept override;
   Status mem_info(int device, std::size_t* free, std::size_t* total) noexcept override;
   Status reserve(int device, std::size_t size, DevPtr* out) noexcept override;
@@ -72,6 +87,12 @@ class SimBackend final : public Backend {
   // While held, synchronize() blocks: models device work still running after a free.
   void hold_device(bool held) noexcept;
 
+  // Whether shared_name was given and the shared object could be opened (else the device is
+  // private, as without shared_name).
+  bool shared() const noexcept;
+  // Removes the shared-memory object of a shared simulated device (tests).
+  static void unlink_shared(const std::string& name) noexcept;
+
   // --- leak accounting -------------------------------------------------------------------------
   std::size_t used(int device) const noexcept;  // bytes in live handles
   std::size_t live_handles() const noexcept;
@@ -81,6 +102,7 @@ class SimBackend final : public Backend {
  private:
   struct State;
   Status check_fault(SimOp op) noexcept;
+  void open_shared() noexcept;
   SimOptions options_;
   std::unique_ptr<State> state_;
 };

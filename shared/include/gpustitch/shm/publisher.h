@@ -52,6 +52,9 @@ struct PublisherOptions {
   // Called on the publisher's thread once per interval, after publishing, without its locks held
   // (the preload library polls snapshot requests and refreshes the site table here).
   std::function<void()> on_tick;
+  // Called while publishing, for each device's counters after they were filled from the pool's
+  // statistics: layers above the core add theirs (the coop_* counters). Must be cheap, noexcept.
+  std::function<void(int device, DeviceCounters& counters)> augment;
 };
 
 class StatsPublisher final : public gpustitch::PoolObserver {

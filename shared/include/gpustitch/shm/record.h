@@ -26,7 +26,7 @@
 namespace gpustitch::shm {
 
 inline constexpr std::uint64_t kRecordMagic = 0x3148435449545347ull;  // "GSTITCH1", little endian
-inline constexpr std::uint32_t kLayoutVersion = 1;
+inline constexpr std::uint32_t kLayoutVersion = 2;  // 2: cooperative-release counters
 
 inline constexpr int kMaxDevices = 16;
 inline constexpr int kHistogramBuckets = 32;  // = gpustitch::kHistogramBuckets (checked in .cpp)
@@ -65,6 +65,16 @@ inline constexpr std::size_t kUuidBytes = 16;
   X(trimmed_bytes)                       \
   X(ooms)
 
+// Cooperative release (docs/coop.md), kept by the preload library's coop layer, not the core.
+#define GPUSTITCH_SHM_COOP_COUNTERS(X)                                                     \
+  X(coop_given_bytes)    /* idle cache released because a neighbour asked */               \
+  X(coop_gives)          /* requests served that released something */                     \
+  X(coop_received_bytes) /* bytes neighbours released for this process's requests */       \
+  X(coop_receives)       /* neighbours' replies that released something */                 \
+  X(coop_asks)           /* allocations that would have failed and asked the neighbours */ \
+  X(coop_requests)       /* requests received (valid or not) */                            \
+  X(coop_dropped)        /* requests dropped: rate limit, malformed, sender not permitted */
+
 struct DeviceCounters {
 #define GPUSTITCH_SHM_FIELD(name) std::uint64_t name;
   GPUSTITCH_SHM_DEVICE_COUNTERS(GPUSTITCH_SHM_FIELD)
@@ -75,6 +85,9 @@ struct DeviceCounters {
   std::int32_t ordinal;           // device ordinal in the process
   std::uint32_t reserved0;
   std::uint64_t reserved1;
+#define GPUSTITCH_SHM_FIELD(name) std::uint64_t name;
+  GPUSTITCH_SHM_COOP_COUNTERS(GPUSTITCH_SHM_FIELD)
+#undef GPUSTITCH_SHM_FIELD
 
   // 1 - allocated/reserved, as DeviceStats::fragmentation().
   double fragmentation() const noexcept {
@@ -188,8 +201,8 @@ struct Record {
 
 // ---- layout pins: a change here is a layout change, bump kLayoutVersion --------------------
 static_assert(std::is_trivially_copyable_v<Record> && std::is_standard_layout_v<Record>);
-static_assert(sizeof(DeviceCounters) == 24 * 8 + 2 * kHistogramBuckets * 8 + 32);
-static_assert(sizeof(DeviceCounters) == 736);
+static_assert(sizeof(DeviceCounters) == 24 * 8 + 2 * kHistogramBuckets * 8 + 32 + 7 * 8);
+static_assert(sizeof(DeviceCounters) == 792);
 static_assert(sizeof(RecordHeader) == 64);
 static_assert(sizeof(Identity) == 48 + kExeBytes + kCmdlineBytes);
 static_assert(sizeof(Snapshot) == 64 + kMaxDevices * sizeof(DeviceCounters));
@@ -201,9 +214,9 @@ static_assert(sizeof(SiteTable) == 64 + kMaxSites * sizeof(Site));
 static_assert(offsetof(Record, header) == 0);
 static_assert(offsetof(Record, identity) == 64);
 static_assert(offsetof(Record, snapshot) == 64 + 1328);
-static_assert(offsetof(Record, events) == 1392 + 11840);
-static_assert(offsetof(Record, sites) == 13232 + 6208);
-static_assert(sizeof(Record) == 19440 + 21952);
+static_assert(offsetof(Record, events) == 1392 + 12736);
+static_assert(offsetof(Record, sites) == 14128 + 6208);
+static_assert(sizeof(Record) == 20336 + 21952);
 static_assert(offsetof(Snapshot, devices) == 64);
 static_assert(offsetof(EventRing, slots) == 64);
 static_assert(offsetof(SiteTable, sites) == 64);

@@ -1,0 +1,178 @@
+// The daemon's floor and cross-user relay for cooperative release. See coop_relay.h.
+#include "coop_relay.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
+
+namespace gpustitch::daemon {
+using nlohmann::json;
+
+namespace {
+constexpr std::uint64_t kFloorRoundNs = 1'000'000'000;  // one floor round per GPU per second
+constexpr double kRelaysPerSecond = 4.0;                // per asking uid (burst the same)
+
+bool has_uuid(const shm::DeviceCounters& d, const Uuid& uuid) {
+  return std::memcmp(d.uuid, uuid.data(), uuid.size()) == 0;
+}
+bool zero_uuid(const shm::DeviceCounters& d) {
+  for (auto b : d.uuid)
+    if (b != 0) return false;
+  return true;
+}
+}  // namespace
+
+std::vector<CoopTarget> plan_release(const std::map<pid_t, TrackedProcess>& processes,
+                                     const Uuid& uuid, std::uint64_t wanted,
+                                     std::optional<uid_t> exclude_uid, pid_t exclude_pid) {
+  std::vector<CoopTarget> out;
+  for (const auto& [pid, p] : processes) {
+    if (!p.have_snapshot || pid == exclude_pid) continue;
+    if (exclude_uid && p.name().uid == *exclude_uid) continue;
+    for (const auto& d : p.snapshot.devices) {
+      if (has_uuid(d, uuid) && d.bytes_cached > 0) {
+        out.push_back({pid, p.name().start_time, p.name().uid, d.bytes_cached});
+        break;
+      }
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const CoopTarget& a, const CoopTarget& b) { return a.bytes > b.bytes; });
+  std::uint64_t remaining = wanted;
+  std::size_t n = 0;
+  for (; n < out.size() && remaining > 0; ++n) {
+    out[n].bytes = std::min(out[n].bytes, remaining);
+    remaining -= out[n].bytes;
+  }
+  out.resize(n);
+  return out;
+}
+
+std::vector<std::pair<Uuid, std::uint64_t>> gpus_below_floor(
+    const std::map<pid_t, TrackedProcess>& processes, std::uint64_t floor) {
+  struct Seen {
+    std::uint64_t heartbeat = 0, free = 0;
+  };
+  std::map<Uuid, Seen> gpus;
+  for (const auto& [pid, p] : processes) {
+    if (!p.have_snapshot) continue;
+    for (const auto& d : p.snapshot.devices) {
+      if (zero_uuid(d) || d.device_total == 0) continue;
+      Uuid u;
+      std::memcpy(u.data(), d.uuid, u.size());
+      Seen& s = gpus[u];
+      if (p.snapshot.heartbeat_ns >= s.heartbeat) s = {p.snapshot.heartbeat_ns, d.device_free};
+    }
+  }
+  std::vector<std::pair<Uuid, std::uint64_t>> out;
+  for (const auto& [u, s] : gpus)
+    if (s.free < floor) out.emplace_back(u, floor - s.free);
+  return out;
+}
+
+std::optional<Uuid> parse_uuid(std::string_view text) {
+  if (text.rfind("GPU-", 0) == 0) text.remove_prefix(4);
+  Uuid u{};
+  std::size_t n = 0;
+  int half = -1;
+  for (char c : text) {
+    if (c == '-') continue;
+    int v = c >= '0' && c <= '9'   ? c - '0'
+            : c >= 'a' && c <= 'f' ? c - 'a' + 10
+            : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                   : -1;
+    if (v < 0 || n >= u.size()) return std::nullopt;
+    if (half < 0) {
+      half = v;
+    } else {
+      u[n++] = static_cast<std::uint8_t>(half * 16 + v);
+      half = -1;
+    }
+  }
+  if (n != u.size() || half >= 0) return std::nullopt;
+  return u;
+}
+
+CoopRelay::CoopRelay() : socket_(coop::Socket::ephemeral()) {}
+
+int CoopRelay::send(const std::vector<CoopTarget>& targets, const Uuid& uuid, pid_t origin) {
+  if (!socket_) return 0;
+  int sent = 0;
+  for (const CoopTarget& t : targets) {
+    coop::Message m;
+    m.kind = coop::Kind::request;
+    m.id = next_id_++;
+    std::memcpy(m.uuid, uuid.data(), uuid.size());
+    m.bytes = t.bytes;
+    m.origin_pid = origin;
+    if (socket_->send_to(t.pid, t.start_time, m)) ++sent;
+  }
+  return sent;
+}
+
+void CoopRelay::drain_replies() {
+  if (!socket_) return;
+  while (auto r = socket_->receive(0)) {
+    if (r->message && r->message->kind == coop::Kind::reply &&
+        r->message->status == coop::ReplyStatus::ok) {
+      released_ += r->message->bytes;
+    }
+  }
+}
+
+void CoopRelay::after_sample(const ProcessTable& table, const DaemonConfig& config) {
+  drain_replies();
+  if (config.coop_floor_mb == 0) return;
+  const std::uint64_t floor = std::uint64_t{config.coop_floor_mb} << 20;
+  const std::uint64_t now = coop::monotonic_ns();
+  for (const auto& [uuid, missing] : gpus_below_floor(table.processes(), floor)) {
+    auto it = last_floor_ns_.find(uuid);
+    if (it != last_floor_ns_.end() && now - it->second < kFloorRoundNs) continue;
+    last_floor_ns_[uuid] = now;
+    auto targets = plan_release(table.processes(), uuid, missing);
+    if (targets.empty()) continue;
+    int sent = send(targets, uuid, 0);
+    floor_requests_ += static_cast<std::uint64_t>(sent);
+    spdlog::debug("coop floor: a GPU is {} MiB below the floor; asked {} process(es)",
+                  missing >> 20, sent);
+  }
+}
+
+std::optional<std::string> CoopRelay::handle(std::string_view line, const Peer& peer,
+                                             const ProcessTable& table, const DaemonConfig&) {
+  if (line.size() > kMaxRequestBytes || line.find("coop_release") == std::string_view::npos) {
+    return std::nullopt;
+  }
+  json j = json::parse(line.begin(), line.end(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return std::nullopt;
+  auto cmd = j.find("cmd");
+  if (cmd == j.end() || !cmd->is_string() || cmd->get_ref<const std::string&>() != "coop_release")
+    return std::nullopt;
+  auto fail = [](const char* why) { return json{{"ok", false}, {"error", why}}.dump() + "\n"; };
+  auto u = j.find("uuid");
+  auto b = j.find("bytes");
+  if (u == j.end() || !u->is_string() || b == j.end() || !b->is_number_unsigned())
+    return fail("\"coop_release\" needs \"uuid\" (string) and \"bytes\" (unsigned)");
+  auto uuid = parse_uuid(u->get_ref<const std::string&>());
+  const std::uint64_t bytes = b->get<std::uint64_t>();
+  if (!uuid || bytes == 0 || bytes > coop::kMaxBytes) return fail("bad \"uuid\" or \"bytes\"");
+  // Only a process really on that GPU may ask: the kernel says who the peer is.
+  const TrackedProcess* asker = table.find(peer.pid);
+  bool on_gpu = false;
+  if (asker != nullptr && asker->have_snapshot && asker->name().uid == peer.uid) {
+    for (const auto& d : asker->snapshot.devices) on_gpu = on_gpu || has_uuid(d, *uuid);
+  }
+  if (!on_gpu) return fail("not found");
+  auto bucket = relay_buckets_.try_emplace(peer.uid, kRelaysPerSecond, kRelaysPerSecond).first;
+  if (!bucket->second.take(coop::monotonic_ns())) return fail("rate limited");
+  auto targets = plan_release(table.processes(), *uuid, bytes, peer.uid, peer.pid);
+  const int sent = send(targets, *uuid, peer.pid);
+  relayed_requests_ += static_cast<std::uint64_t>(sent);
+  std::uint64_t planned = 0;
+  for (const auto& t : targets) planned += t.bytes;
+  return json{{"ok", true}, {"asked", sent}, {"bytes", planned}}.dump() + "\n";
+}
+
+}  // namespace gpustitch::daemon

@@ -1,0 +1,126 @@
+// Pool::release_idle: what another process's request for memory may take from this pool (idle,
+// fenced cache only) and what it must never touch (live blocks, their bytes).
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "gpustitch/pool.h"
+#include "test_device.h"
+
+using namespace gpustitch;
+
+namespace {
+
+Config inline_config() {
+  Config c;
+  c.background_reclaim = false;  // deterministic fencing
+  return c;
+}
+
+struct TrimCounter : PoolObserver {
+  std::vector<PoolEvent> trims;
+  void on_event(const PoolEvent& e) noexcept override {
+    if (e.kind == EventKind::trim) trims.push_back(e);
+  }
+};
+
+void fill(TestDevice& d, DevPtr p, std::size_t size, unsigned char v) {
+  std::vector<unsigned char> buf(size, v);
+  d.write(p, buf.data(), size);
+}
+bool holds(TestDevice& d, DevPtr p, std::size_t size, unsigned char v) {
+  std::vector<unsigned char> buf(size);
+  d.read(p, buf.data(), size);
+  for (unsigned char c : buf)
+    if (c != v) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST(PoolReleaseIdle, ReleasesAboutWhatIsAskedAndKeepsLiveBytes) {
+  TestDevice dev = make_test_device();
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated device's usage accounting";
+  TrimCounter obs;
+  Pool pool(*dev.backend, inline_config(), &obs);
+  // Four idle 64 MiB blocks and two live ones.
+  std::vector<DevPtr> idle, live;
+  for (int i = 0; i < 6; ++i) {
+    DevPtr p = 0;
+    ASSERT_EQ(pool.allocate(0, 64 * MiB, kAnyStream, &p), Status::ok);
+    (i < 4 ? idle : live).push_back(p);
+  }
+  fill(dev, live[0], 1 * MiB, 0xA5);
+  fill(dev, live[1] + 63 * MiB, 1 * MiB, 0x5A);
+  for (DevPtr p : idle) ASSERT_EQ(pool.deallocate(p), Status::ok);
+  pool.drain_pending(0);
+  const std::size_t used_before = dev.sim->used(0);
+  const DeviceStats before = pool.stats(0);
+
+  // 100 MiB wanted: two 64 MiB views go, not all four.
+  const std::size_t got = pool.release_idle(0, 100 * MiB);
+  EXPECT_EQ(got, 128 * MiB);
+  EXPECT_EQ(dev.sim->used(0), used_before - 128 * MiB);
+  const DeviceStats after = pool.stats(0);
+  EXPECT_EQ(after.bytes_reserved, before.bytes_reserved - 128 * MiB);
+  EXPECT_EQ(after.bytes_allocated, before.bytes_allocated);
+  EXPECT_EQ(after.trims, before.trims + 1);
+  EXPECT_EQ(after.trimmed_bytes, before.trimmed_bytes + 128 * MiB);
+  ASSERT_EQ(obs.trims.size(), 1u);
+  EXPECT_EQ(obs.trims[0].size, 128 * MiB);
+  EXPECT_TRUE(holds(dev, live[0], 1 * MiB, 0xA5));
+  EXPECT_TRUE(holds(dev, live[1] + 63 * MiB, 1 * MiB, 0x5A));
+
+  // More than is idle: the rest of the cache, and never a live block.
+  EXPECT_EQ(pool.release_idle(0, 10 * GiB), 128 * MiB);
+  EXPECT_EQ(pool.release_idle(0, 10 * GiB), 0u);
+  EXPECT_EQ(pool.stats(0).bytes_reserved, 128 * MiB);
+  EXPECT_TRUE(holds(dev, live[0], 1 * MiB, 0xA5));
+  EXPECT_TRUE(holds(dev, live[1] + 63 * MiB, 1 * MiB, 0x5A));
+  EXPECT_TRUE(pool.find(live[0]));
+  EXPECT_TRUE(pool.find(live[1]));
+  for (DevPtr p : live) EXPECT_EQ(pool.deallocate(p), Status::ok);
+}
+
+TEST(PoolReleaseIdle, PrefersTheSmallestViewThatCoversTheRequest) {
+  TestDevice dev = make_test_device();
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated device's usage accounting";
+  Pool pool(*dev.backend, inline_config());
+  std::vector<DevPtr> ptrs;
+  for (std::size_t mb : {256, 32, 64}) {
+    DevPtr p = 0;
+    ASSERT_EQ(pool.allocate(0, mb * MiB, kAnyStream, &p), Status::ok);
+    ptrs.push_back(p);
+  }
+  for (DevPtr p : ptrs) ASSERT_EQ(pool.deallocate(p), Status::ok);
+  pool.drain_pending(0);
+  EXPECT_EQ(pool.release_idle(0, 40 * MiB), 64 * MiB);
+  EXPECT_EQ(pool.release_idle(0, 300 * MiB), 256 * MiB + 32 * MiB);
+}
+
+TEST(PoolReleaseIdle, ZeroOrNothingIdleReleasesNothing) {
+  TestDevice dev = make_test_device();
+  Pool pool(*dev.backend, inline_config());
+  DevPtr p = 0;
+  ASSERT_EQ(pool.allocate(0, 32 * MiB, kAnyStream, &p), Status::ok);
+  const DeviceStats before = pool.stats(0);
+  EXPECT_EQ(pool.release_idle(0, 0), 0u);
+  EXPECT_EQ(pool.release_idle(0, 1 * GiB), 0u);  // the only block is live
+  EXPECT_EQ(pool.release_idle(7, 1 * GiB), 0u);  // no such device
+  EXPECT_EQ(pool.stats(0).trims, before.trims);
+  EXPECT_EQ(pool.stats(0).bytes_reserved, before.bytes_reserved);
+  EXPECT_EQ(pool.deallocate(p), Status::ok);
+}
+
+TEST(PoolReleaseIdle, PendingFreesAreReleasedOnlyAfterTheirFence) {
+  TestDevice dev = make_test_device();
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs hold_device";
+  Pool pool(*dev.backend, inline_config());
+  DevPtr p = 0;
+  ASSERT_EQ(pool.allocate(0, 64 * MiB, kAnyStream, &p), Status::ok);
+  ASSERT_EQ(pool.deallocate(p), Status::ok);  // pending: device work may still use it
+  EXPECT_EQ(pool.stats(0).bytes_pending, 64 * MiB);
+  // The fence completes (the simulated device is idle): then the memory may go.
+  EXPECT_EQ(pool.release_idle(0, 64 * MiB), 64 * MiB);
+  EXPECT_EQ(dev.sim->used(0), 0u);
+}

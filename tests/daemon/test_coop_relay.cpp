@@ -1,0 +1,215 @@
+// gpustitchd's cooperative-release part (daemon/src/coop_relay.h) against real records and real
+// sockets: the floor asks the processes holding cache, the relay forwards across users only for
+// a process really on that GPU, and the kernel's credentials decide who may ask.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include <gtest/gtest.h>
+
+#include "coop_relay.h"
+#include "daemon_config.h"
+#include "gpustitch/shm/names.h"
+#include "gpustitch/shm/record_writer.h"
+#include "process_table.h"
+#include "test_helpers.h"
+
+using namespace gpustitch;
+using namespace gpustitch::daemon;
+using nlohmann::json;
+
+namespace {
+
+const Uuid kGpu = {0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88,
+                   0x99, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0xff, 0x01};
+const char* kGpuText = "GPU-11223344-5566-7788-99aa-bbccddeeff01";
+
+class CoopRelayTest : public ::testing::Test {
+ protected:
+  DaemonConfig config() {
+    DaemonConfig c;
+    c.record_prefix = g_.prefix;
+    return c;
+  }
+  // This process's record: one device on kGpu with `cached` idle bytes and `free` device free.
+  std::unique_ptr<shm::RecordWriter> own_record(std::uint64_t cached, std::uint64_t free) {
+    std::string why;
+    auto w = shm::RecordWriter::create(shm::RecordWriter::self_name(g_.prefix), "/bin/own", "own",
+                                       100, &why);
+    EXPECT_TRUE(w) << why;
+    shm::DeviceCounters d{};
+    d.bytes_reserved = cached + (64ull << 20);
+    d.bytes_allocated = 64ull << 20;
+    d.bytes_cached = cached;
+    d.device_free = free;
+    d.device_total = 80ull << 30;
+    std::memcpy(d.uuid, kGpu.data(), kGpu.size());
+    w->publish({&d, 1}, shm::realtime_ns());
+    return w;
+  }
+  test::PrefixGuard g_;
+};
+
+}  // namespace
+
+TEST(CoopRelayParse, Uuids) {
+  auto u = parse_uuid(kGpuText);
+  ASSERT_TRUE(u);
+  EXPECT_EQ(*u, kGpu);
+  EXPECT_FALSE(parse_uuid("GPU-1122"));
+  EXPECT_FALSE(parse_uuid("GPU-11223344-5566-7788-99aa-bbccddeeff0"));     // odd digits
+  EXPECT_FALSE(parse_uuid("GPU-11223344-5566-7788-99aa-bbccddeeff0102"));  // too long
+  EXPECT_FALSE(parse_uuid("GPU-1122334x-5566-7788-99aa-bbccddeeff01"));
+}
+
+TEST(CoopRelayConfig, FloorKey) {
+  auto r = parse_daemon_config("coop_floor_mb = 2048\n");
+  EXPECT_TRUE(r.errors.empty());
+  EXPECT_EQ(r.config.coop_floor_mb, 2048u);
+  EXPECT_FALSE(parse_daemon_config("coop_floor_mb = lots\n").errors.empty());
+  EXPECT_EQ(DaemonConfig{}.coop_floor_mb, 0u);
+}
+
+TEST_F(CoopRelayTest, PlansLargestCacheFirstAndNeverMoreThanWanted) {
+  auto w = own_record(512ull << 20, 1ull << 30);
+  ProcessTable t(config());
+  t.sample();
+  auto plan = plan_release(t.processes(), kGpu, 100ull << 20);
+  ASSERT_EQ(plan.size(), 1u);
+  EXPECT_EQ(plan[0].pid, ::getpid());
+  EXPECT_EQ(plan[0].bytes, 100ull << 20);
+  EXPECT_EQ(plan_release(t.processes(), kGpu, 1ull << 40)[0].bytes, 512ull << 20);
+  EXPECT_TRUE(plan_release(t.processes(), kGpu, 1ull << 20, ::geteuid()).empty());
+  Uuid other = kGpu;
+  other[0] ^= 1;
+  EXPECT_TRUE(plan_release(t.processes(), other, 1ull << 20).empty());
+  auto below = gpus_below_floor(t.processes(), 3ull << 30);
+  ASSERT_EQ(below.size(), 1u);
+  EXPECT_EQ(below[0].second, 2ull << 30);
+  EXPECT_TRUE(gpus_below_floor(t.processes(), 1ull << 30).empty());
+}
+
+TEST_F(CoopRelayTest, TheFloorAsksTheProcessHoldingCache) {
+  auto w = own_record(512ull << 20, 256ull << 20);
+  auto start = shm::process_start_time(0);
+  ASSERT_TRUE(start);
+  auto listener = coop::Socket::listen(::getpid(), *start);  // plays the preloaded process
+  ASSERT_TRUE(listener);
+  ProcessTable t(config());
+  t.sample();
+  CoopRelay relay;
+  DaemonConfig off = config();
+  relay.after_sample(t, off);  // coop_floor_mb 0: nothing
+  EXPECT_FALSE(listener->receive(100));
+  DaemonConfig c = config();
+  c.coop_floor_mb = 512;
+  relay.after_sample(t, c);
+  auto r = listener->receive(1000);
+  ASSERT_TRUE(r && r->message);
+  EXPECT_EQ(r->message->kind, coop::Kind::request);
+  EXPECT_EQ(r->message->bytes, 256ull << 20);  // what brings free back to the floor
+  EXPECT_EQ(std::memcmp(r->message->uuid, kGpu.data(), kGpu.size()), 0);
+  EXPECT_EQ(r->sender.uid, ::geteuid());
+  relay.after_sample(t, c);  // within the second: no second round
+  EXPECT_FALSE(listener->receive(100));
+  EXPECT_EQ(relay.floor_requests(), 1u);
+}
+
+TEST_F(CoopRelayTest, RelayAnswersOnlyAProcessOnThatGpu) {
+  auto w = own_record(0, 1ull << 30);
+  ProcessTable t(config());
+  t.sample();
+  CoopRelay relay;
+  DaemonConfig c = config();
+  const std::string ask =
+      std::string(R"({"cmd":"coop_release","uuid":")") + kGpuText + R"(","bytes":1048576})";
+  EXPECT_FALSE(relay.handle(R"({"cmd":"list"})", Peer{::geteuid(), 0, ::getpid(), {}}, t, c));
+  // A peer that is not a tracked process: refused like an unknown pid.
+  auto stranger = relay.handle(ask, Peer{::geteuid(), 0, 1, {}}, t, c);
+  ASSERT_TRUE(stranger);
+  EXPECT_EQ(json::parse(*stranger)["error"], "not found");
+  // The tracked process itself, on that GPU: accepted (no other user's process to ask here).
+  auto mine = relay.handle(ask, Peer{::geteuid(), 0, ::getpid(), {}}, t, c);
+  ASSERT_TRUE(mine);
+  json a = json::parse(*mine);
+  EXPECT_TRUE(a["ok"].get<bool>()) << a.dump();
+  EXPECT_EQ(a["asked"], 0);
+  // Another GPU: not found. Malformed: an error, never a crash.
+  std::string other = ask;
+  other.replace(other.find("ff01"), 4, "ff02");
+  EXPECT_EQ(json::parse(*relay.handle(other, Peer{::geteuid(), 0, ::getpid(), {}}, t, c))["error"],
+            "not found");
+  auto bad = relay.handle(R"({"cmd":"coop_release","uuid":5})", Peer{}, t, c);
+  ASSERT_TRUE(bad);
+  EXPECT_FALSE(json::parse(*bad)["ok"].get<bool>());
+  // Rate limit per asking user: a burst of 4, then refusals.
+  int limited = 0;
+  for (int i = 0; i < 10; ++i) {
+    auto r = relay.handle(ask, Peer{::geteuid(), 0, ::getpid(), {}}, t, c);
+    if (json::parse(*r).value("error", "") == "rate limited") ++limited;
+  }
+  EXPECT_GE(limited, 6);
+}
+
+// Across users: a process of another user (nobody) holding cache is asked by the daemon for a
+// process of ours, and sees the request come from root with our pid as origin.
+TEST_F(CoopRelayTest, RelaysToAnotherUsersProcessAsRoot) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a process as another user";
+  auto w = own_record(0, 1ull << 30);
+  int ready[2], result[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(result), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(3);
+    std::string why;
+    auto rw = shm::RecordWriter::create(shm::RecordWriter::self_name(g_.prefix), "/bin/other",
+                                        "other", 100, &why);
+    if (!rw) _exit(4);
+    shm::DeviceCounters d{};
+    d.bytes_cached = 1ull << 30;
+    d.bytes_reserved = 1ull << 30;
+    d.device_free = 1ull << 30;
+    d.device_total = 80ull << 30;
+    std::memcpy(d.uuid, kGpu.data(), kGpu.size());
+    rw->publish({&d, 1}, shm::realtime_ns());
+    auto start = shm::process_start_time(0);
+    auto l = coop::Socket::listen(::getpid(), start.value_or(0));
+    if (!l) _exit(5);
+    (void)!write(ready[1], "r", 1);
+    auto r = l->receive(5000);
+    long long out[3] = {-1, -1, -1};
+    if (r && r->message) {
+      out[0] = r->sender.uid;
+      out[1] = r->message->origin_pid;
+      out[2] = static_cast<long long>(r->message->bytes);
+    }
+    (void)!write(result[1], out, sizeof out);
+    rw->remove();
+    _exit(0);
+  }
+  char c;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  ProcessTable t(config());
+  t.sample();
+  ASSERT_TRUE(t.find(child));
+  CoopRelay relay;
+  const std::string ask =
+      std::string(R"({"cmd":"coop_release","uuid":")") + kGpuText + R"(","bytes":268435456})";
+  auto answer = relay.handle(ask, Peer{::geteuid(), 0, ::getpid(), {}}, t, config());
+  ASSERT_TRUE(answer);
+  json a = json::parse(*answer);
+  EXPECT_EQ(a["asked"], 1) << a.dump();
+  EXPECT_EQ(a["bytes"], 268435456u);
+  long long got[3];
+  ASSERT_EQ(read(result[0], got, sizeof got), static_cast<ssize_t>(sizeof got));
+  EXPECT_EQ(got[0], 0);           // from root, as the other user's process requires
+  EXPECT_EQ(got[1], ::getpid());  // on behalf of the asker
+  EXPECT_EQ(got[2], 268435456);
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  for (int fd : {ready[0], ready[1], result[0], result[1]}) close(fd);
+}
