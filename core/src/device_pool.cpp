@@ -319,6 +319,18 @@ void DevicePool::promote_arenas(std::uint64_t epoch) noexcept {
   }
 }
 
+bool DevicePool::drop_arena_stream_caches() noexcept {
+  bool pending = false;
+  for (auto& a : arenas_) {
+    std::lock_guard lock(a->mu);
+    a->small.drop_stream_caches();
+    const bool p = a->small.has_pending();
+    a->has_pending.store(p, std::memory_order_relaxed);
+    pending = pending || p;
+  }
+  return pending;
+}
+
 void DevicePool::release_arena_chunks(bool drop_stream_caches) noexcept {
   std::uint64_t target;
   {
@@ -1022,7 +1034,11 @@ std::size_t DevicePool::release_idle(std::size_t bytes) noexcept {
     }
     released += got;
     if (got != 0) continue;
-    if (fenced || !pending) break;
+    if (fenced) break;
+    // Slots held in streams' small caches are reusable by their stream alone: queue them for the
+    // fence too, so that the pass below can give their chunks back.
+    pending = drop_arena_stream_caches() || pending;
+    if (!pending) break;
     fenced = true;
     fence_pass();  // waits for the device without the lock, then makes fenced memory free
   }

@@ -127,6 +127,7 @@ class DevicePool final : private ChunkSource {
   bool deallocate_small(Arena& a, DevPtr ptr, Stream stream, Outcome* outcome) noexcept;
   void promote_arenas(std::uint64_t epoch) noexcept;            // device lock NOT held
   void release_arena_chunks(bool drop_stream_caches) noexcept;  // device lock NOT held
+  bool drop_arena_stream_caches() noexcept;  // device lock NOT held; true if slots now wait
   std::uint64_t small_allocated() const noexcept;
   void note_peak() noexcept;  // lock held
 
