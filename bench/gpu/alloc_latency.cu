@@ -14,11 +14,20 @@
 // a fresh pool allocation (one new physical handle), and a stitched one (the pool is capped so
 // fresh memory is refused, and holds the size in cached 2 MiB or 64 MiB pieces).
 //
+// Then single calls, each the median over many batches of 32 calls: the driver calls the shim
+// makes on its allocation paths (cuCtxGetDevice, cuStreamIsCapturing, cuStreamGetDevice, and
+// cuCtxGetCurrent for comparison), and calls the shim only passes through (cuMemGetAddressRange
+// and cuPointerGetAttribute on managed memory, which the pool never serves). Driver functions come
+// from cudaGetDriverEntryPointByVersion, as the runtime's own callers get them, so under
+// LD_PRELOAD the hooked ones are the shim's hooks: compare the "pass-through" rows of a native run
+// with those of a run under the shim (target: at most 50 ns more).
+//
 // The same binary is built twice: with the static CUDA runtime (nvcc's default) and with
 // -cudart shared. Run under LD_PRELOAD=libgpustitch.so, the cudaMalloc and cudaMallocAsync rows
 // measure the shim (the header says whether libgpustitch is loaded: it exports gpustitch_malloc).
 //
 // Usage: alloc_latency [--json PATH] [--quick]
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
@@ -207,6 +216,99 @@ LargeRow pool_stitched(gpustitch::Backend& backend, std::size_t size, std::size_
   return row;
 }
 
+struct CallRow {
+  std::string call, kind;
+  Stat ns;
+};
+std::vector<CallRow> call_rows;
+
+// Median and p99 of one call's cost: batches of 32 calls timed together.
+Stat time_call(const std::function<void()>& call, int batches) {
+  constexpr int kBatch = 32;
+  for (int i = 0; i < 1000; ++i) call();
+  std::vector<double> t;
+  t.reserve(batches);
+  for (int b = 0; b < batches; ++b) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < kBatch; ++i) call();
+    t.push_back(ns_between(t0, Clock::now()) / kBatch);
+  }
+  return summarize(t);
+}
+
+template <typename Fn>
+Fn driver_entry(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) !=
+          cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    return nullptr;
+  }
+  return reinterpret_cast<Fn>(fn);
+}
+
+void measure_calls(cudaStream_t stream, int batches) {
+  using GetCurrent = CUresult (*)(CUcontext*);
+  using GetDevice = CUresult (*)(CUdevice*);
+  using IsCapturing = CUresult (*)(CUstream, CUstreamCaptureStatus*);
+  using StreamDevice = CUresult (*)(CUstream, CUdevice*);
+  using AddressRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+  using PointerAttribute = CUresult (*)(void*, CUpointer_attribute, CUdeviceptr);
+  auto get_current = driver_entry<GetCurrent>("cuCtxGetCurrent");
+  auto get_device = driver_entry<GetDevice>("cuCtxGetDevice");
+  auto is_capturing = driver_entry<IsCapturing>("cuStreamIsCapturing");
+  auto stream_device = driver_entry<StreamDevice>("cuStreamGetDevice");
+  auto address_range = driver_entry<AddressRange>("cuMemGetAddressRange");
+  auto pointer_attribute = driver_entry<PointerAttribute>("cuPointerGetAttribute");
+  void* managed = nullptr;
+  CUDA_CHECK(cudaMallocManaged(&managed, 1 * MiB));
+  const auto mp = reinterpret_cast<CUdeviceptr>(managed);
+  auto s = reinterpret_cast<CUstream>(stream);
+  auto add = [&](const char* call, const char* kind, bool ok, const std::function<void()>& f) {
+    if (!ok) {
+      std::fprintf(stderr, "  %s: no driver entry point\n", call);
+      return;
+    }
+    call_rows.push_back({call, kind, time_call(f, batches)});
+    std::fprintf(stderr, "  %-48s median %6.0f ns\n", call, call_rows.back().ns.median);
+  };
+  add("cuCtxGetCurrent", "driver call", get_current != nullptr, [&] {
+    CUcontext c = nullptr;
+    get_current(&c);
+  });
+  add("cuCtxGetDevice", "driver call (shim: cudaMalloc)", get_device != nullptr, [&] {
+    CUdevice d = 0;
+    get_device(&d);
+  });
+  add("cuStreamIsCapturing", "driver call (shim: *Async)", is_capturing != nullptr, [&] {
+    CUstreamCaptureStatus st{};
+    is_capturing(s, &st);
+  });
+  add("cuStreamGetDevice", "driver call (shim: *Async)", stream_device != nullptr, [&] {
+    CUdevice d = 0;
+    stream_device(s, &d);
+  });
+  bool range_ok = false;
+  if (address_range != nullptr) {
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    range_ok = address_range(&base, &size, mp) == CUDA_SUCCESS && base == mp;
+    if (!range_ok) std::printf("FAIL: cuMemGetAddressRange on managed memory\n");
+  }
+  add("cuMemGetAddressRange (managed memory)", "pass-through", range_ok, [&] {
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    address_range(&base, &size, mp);
+  });
+  add("cuPointerGetAttribute MEMORY_TYPE (managed)", "pass-through", pointer_attribute != nullptr,
+      [&] {
+        unsigned type = 0;
+        pointer_attribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, mp);
+      });
+  CUDA_CHECK(cudaFree(managed));
+}
+
 std::string json_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
@@ -316,6 +418,8 @@ int main(int argc, char** argv) {
     pool.trim(0);
   }
 
+  measure_calls(stream, quick ? 500 : 5000);
+
   // Large allocations: fresh and stitched pool allocations against cudaMalloc.
   const int reps = quick ? 2 : 5;
   for (std::size_t size : {256 * MiB, 2 * GiB}) {
@@ -340,7 +444,15 @@ int main(int argc, char** argv) {
                 r.pair.median, r.pair.p99);
   }
   std::printf(
-      "\n(nanoseconds per operation)\n\n| large allocation | size | pool (us) | cudaMalloc "
+      "\n(nanoseconds per operation)\n\n| single call | kind | median ns | p99 ns |\n| --- | --- | "
+      "--- | --- |\n");
+  for (const CallRow& r : call_rows) {
+    std::printf("| %s | %s | %.0f | %.0f |\n", r.call.c_str(), r.kind.c_str(), r.ns.median,
+                r.ns.p99);
+  }
+  std::printf(
+      "\n(pass-through rows: compare with the same rows of a run without the shim; target <= +50 "
+      "ns)\n\n| large allocation | size | pool (us) | cudaMalloc "
       "(us) | pool / cudaMalloc | note |\n| --- | --- | --- | --- | --- | --- |\n");
   for (const LargeRow& r : large_rows) {
     std::printf("| %s | %zu MiB | %.1f | %.1f | %.2f | %s |\n", r.what.c_str(), r.size / MiB,
@@ -369,6 +481,15 @@ int main(int argc, char** argv) {
                    json_escape(r.allocator).c_str(), r.size.c_str(), r.ops, r.alloc.median,
                    r.alloc.p99, r.free.median, r.free.p99, r.pair.median, r.pair.p99,
                    i + 1 < rows.size() ? "," : "");
+    }
+    std::fprintf(f, "  ],\n  \"calls\": [\n");
+    for (std::size_t i = 0; i < call_rows.size(); ++i) {
+      const CallRow& r = call_rows[i];
+      std::fprintf(f,
+                   "    {\"call\": \"%s\", \"kind\": \"%s\", \"median\": %.1f, \"p99\": "
+                   "%.1f}%s\n",
+                   json_escape(r.call).c_str(), json_escape(r.kind).c_str(), r.ns.median, r.ns.p99,
+                   i + 1 < call_rows.size() ? "," : "");
     }
     std::fprintf(f, "  ],\n  \"large\": [\n");
     for (std::size_t i = 0; i < large_rows.size(); ++i) {

@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "gpustitch/stats.h"
+#include "hybrid_lock.h"
 #include "small_pool.h"
 
 namespace gpustitch::detail {
@@ -19,7 +20,7 @@ struct alignas(64) Arena {
   Arena(std::size_t limit, std::size_t granularity, std::uint16_t arena_id)
       : small(limit, granularity), id(arena_id) {}
 
-  std::mutex mu;
+  HybridLock mu;
   SmallPool small;
   const std::uint16_t id;
   // Counters, under mu, merged into the device's statistics on a snapshot.

@@ -38,9 +38,9 @@
 //
 // Frees never wait for the device: memory is queued with a fence epoch (reclaimer.cpp).
 //
-// Thread safety: one mutex per device guards everything here; backend calls on the slow paths
-// (create, map, stitch) run under it, as cudaMalloc does in PyTorch's allocator. Observer
-// callbacks run after the mutex is released.
+// Thread safety: one lock per device (HybridLock, hybrid_lock.h) guards everything here; backend
+// calls on the slow paths (create, map, stitch) run under it, as cudaMalloc does in PyTorch's
+// allocator. Observer callbacks run after the mutex is released.
 #include "device_pool.h"
 
 #include <algorithm>
@@ -53,8 +53,40 @@ namespace {
 // The arena whose allocate_small is asking for a chunk, and where to report its events.
 thread_local Arena* tl_arena = nullptr;
 thread_local Outcome* tl_chunk_outcome = nullptr;
-std::atomic<unsigned> next_arena_index{0};
-thread_local unsigned tl_arena_index = UINT32_MAX;
+
+// Arena choice: a thread takes, at its first small allocation, the arena index with the fewest
+// threads, and gives it back at exit, so that two threads on two cores never share one arena while
+// another sits unused (round-robin did, once threads come and go). The index is the same for every
+// device pool; each pool has arena_slots() arenas.
+constexpr unsigned kMaxArenas = 8;
+unsigned arena_slots() {
+  static const unsigned n = std::max(1u, std::min(kMaxArenas, std::thread::hardware_concurrency()));
+  return n;
+}
+std::atomic<unsigned> g_arena_threads[kMaxArenas];
+thread_local unsigned tl_arena_index = UINT32_MAX;  // trivial: read on the hot path
+struct ArenaRelease {                               // touched once per thread, at assignment
+  bool armed = false;
+  ~ArenaRelease() {
+    if (tl_arena_index < kMaxArenas) g_arena_threads[tl_arena_index].fetch_sub(1);
+    tl_arena_index = UINT32_MAX;
+  }
+};
+thread_local ArenaRelease tl_arena_release;
+
+unsigned assign_arena_index() {
+  const unsigned n = arena_slots();
+  unsigned best = 0;
+  for (unsigned i = 1; i < n; ++i) {
+    if (g_arena_threads[i].load(std::memory_order_relaxed) <
+        g_arena_threads[best].load(std::memory_order_relaxed)) {
+      best = i;
+    }
+  }
+  g_arena_threads[best].fetch_add(1);
+  tl_arena_release.armed = true;  // constructs it: its destructor runs at thread exit
+  return best;
+}
 
 constexpr std::size_t kLargeBuffer = 20 * MiB;   // PyTorch's slack for oversize blocks
 constexpr std::uint64_t kCheapFenceNs = 50'000;  // a fence this fast means an idle device
@@ -87,8 +119,7 @@ DevicePool::DevicePool(Backend& backend, const Config& config, int device, PoolO
   total_ = total;
   last_device_free_ = free;
   access_.push_back(device_);
-  const unsigned cpus = std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
-  for (unsigned i = 0; i < cpus; ++i) {
+  for (unsigned i = 0; i < arena_slots(); ++i) {
     arenas_.push_back(std::make_unique<Arena>(config_.small_limit,
                                               std::max<std::size_t>(granularity_, 1),
                                               static_cast<std::uint16_t>(i)));
@@ -225,7 +256,7 @@ bool DevicePool::has_pending() const noexcept {
 }
 
 Arena& DevicePool::arena_for_thread() noexcept {
-  if (tl_arena_index == UINT32_MAX) tl_arena_index = next_arena_index.fetch_add(1);
+  if (tl_arena_index == UINT32_MAX) tl_arena_index = assign_arena_index();
   return *arenas_[tl_arena_index % arenas_.size()];
 }
 
@@ -265,7 +296,10 @@ bool DevicePool::deallocate_small(Arena& a, DevPtr ptr, Stream stream, Outcome* 
   a.bytes_allocated.store(a.bytes_allocated.load(std::memory_order_relaxed) - c->slot_size,
                           std::memory_order_relaxed);
   a.small.free(c, slot, stream, epoch_.load());
-  a.has_pending.store(true, std::memory_order_relaxed);
+  // Stream-ordered frees stay in their stream's cache: only the fence queue needs the reclaimer.
+  if (!a.has_pending.load(std::memory_order_relaxed) && a.small.has_pending()) {
+    a.has_pending.store(true, std::memory_order_relaxed);
+  }
   a.bytes_requested -= requested;
   --a.live_blocks;
   --a.hist_live[histogram_bucket(requested)];
@@ -283,6 +317,18 @@ void DevicePool::promote_arenas(std::uint64_t epoch) noexcept {
     tl_arena = nullptr;
     a->has_pending.store(a->small.has_pending(), std::memory_order_relaxed);
   }
+}
+
+bool DevicePool::drop_arena_stream_caches() noexcept {
+  bool pending = false;
+  for (auto& a : arenas_) {
+    std::lock_guard lock(a->mu);
+    a->small.drop_stream_caches();
+    const bool p = a->small.has_pending();
+    a->has_pending.store(p, std::memory_order_relaxed);
+    pending = pending || p;
+  }
+  return pending;
 }
 
 void DevicePool::release_arena_chunks(bool drop_stream_caches) noexcept {
@@ -373,9 +419,7 @@ Block* DevicePool::take_cached(std::size_t rounded, Stream stream, bool relaxed)
   if (stream != kAnyStream && !stream_free_.empty()) {
     auto it = stream_free_.find(stream);
     if (it != stream_free_.end()) {
-      Block* b = take_from(it->second, rounded, true, relaxed);
-      if (it->second.empty()) stream_free_.erase(it);
-      if (b != nullptr) return b;
+      if (Block* b = take_from(it->second, rounded, true, relaxed)) return b;
     }
   }
   return take_from(free_, rounded, false, relaxed);
@@ -841,10 +885,7 @@ void DevicePool::promote(std::uint64_t epoch) noexcept {
     stats_.bytes_pending -= b->size;
     if (b->stream != kAnyStream) {
       auto it = stream_free_.find(b->stream);
-      if (it != stream_free_.end()) {
-        it->second.erase(b);
-        if (it->second.empty()) stream_free_.erase(it);
-      }
+      if (it != stream_free_.end()) it->second.erase(b);
     }
     make_free(b);
   }
@@ -900,6 +941,7 @@ std::size_t DevicePool::trim_locked(std::size_t keep, Outcome* outcome) noexcept
   std::size_t handles_before = stats_.handles;
   auto cached = [&] { return stats_.bytes_reserved - stats_.bytes_allocated - small_allocated(); };
   retry_teardown();
+  std::erase_if(stream_free_, [](const auto& entry) { return entry.second.empty(); });
   if (cached() <= keep) return reserved_before - stats_.bytes_reserved;
   // Idle stitched views first: dissolving one gives its borrowed blocks back to their views,
   // which may then be wholly free. Repeat for stitched views built from stitched views.
@@ -992,7 +1034,11 @@ std::size_t DevicePool::release_idle(std::size_t bytes) noexcept {
     }
     released += got;
     if (got != 0) continue;
-    if (fenced || !pending) break;
+    if (fenced) break;
+    // Slots held in streams' small caches are reusable by their stream alone: queue them for the
+    // fence too, so that the pass below can give their chunks back.
+    pending = drop_arena_stream_caches() || pending;
+    if (!pending) break;
     fenced = true;
     fence_pass();  // waits for the device without the lock, then makes fenced memory free
   }

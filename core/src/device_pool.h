@@ -4,6 +4,7 @@
 
 #include <map>
 #include <memory>
+#include <memory_resource>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -14,6 +15,7 @@
 #include "gpustitch/config.h"
 #include "gpustitch/pool.h"
 #include "gpustitch/stats.h"
+#include "hybrid_lock.h"
 #include "pool_types.h"
 #include "reclaimer.h"
 #include "small_pool.h"
@@ -25,9 +27,9 @@ struct Outcome {
   ServedBy how = ServedBy::cache;
   std::size_t size = 0;  // allocate: rounded size; free: the size the caller had asked for
   bool has_event = false;
-  PoolEvent event{};
+  PoolEvent event;  // left uninitialised (read only when has_event): off the hot path's stores
   bool has_event2 = false;
-  PoolEvent event2{};
+  PoolEvent event2;
   void add(const PoolEvent& e) {
     if (!has_event) {
       event = e, has_event = true;
@@ -63,7 +65,8 @@ class DevicePool final : private ChunkSource {
       return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
     }
   };
-  using FreeSet = std::set<Block*, BySize>;
+  // Node containers draw from node_pool_ (under mu_), not from malloc, on the hot path.
+  using FreeSet = std::pmr::set<Block*, BySize>;
   struct LiveEntry {
     Block* block = nullptr;  // large allocation
     Chunk* chunk = nullptr;  // small allocation
@@ -124,6 +127,7 @@ class DevicePool final : private ChunkSource {
   bool deallocate_small(Arena& a, DevPtr ptr, Stream stream, Outcome* outcome) noexcept;
   void promote_arenas(std::uint64_t epoch) noexcept;            // device lock NOT held
   void release_arena_chunks(bool drop_stream_caches) noexcept;  // device lock NOT held
+  bool drop_arena_stream_caches() noexcept;  // device lock NOT held; true if slots now wait
   std::uint64_t small_allocated() const noexcept;
   void note_peak() noexcept;  // lock held
 
@@ -140,7 +144,7 @@ class DevicePool final : private ChunkSource {
   const Config& config_;
   const int device_;
   PoolObserver* observer_;
-  mutable std::mutex mu_;
+  mutable HybridLock mu_;
   bool usable_ = false;
   std::size_t granularity_ = 0;
   bool map_offset_ = false;
@@ -158,9 +162,12 @@ class DevicePool final : private ChunkSource {
   std::vector<Range> failed_unmaps_;
   std::vector<Range> failed_unreserves_;  // retried once no failed unmap lies inside
   std::vector<Handle*> failed_releases_;
-  FreeSet free_;
-  std::unordered_map<Stream, FreeSet> stream_free_;
-  std::unordered_map<DevPtr, LiveEntry> live_;
+  std::pmr::unsynchronized_pool_resource node_pool_;
+  FreeSet free_{&node_pool_};
+  // Per stream, its pending blocks; an emptied set is kept for the stream's next free (trim
+  // drops the empty ones).
+  std::pmr::unordered_map<Stream, FreeSet> stream_free_{&node_pool_};
+  std::pmr::unordered_map<DevPtr, LiveEntry> live_{&node_pool_};
   Block* fq_head_ = nullptr;
   Block* fq_tail_ = nullptr;
   std::atomic<std::uint64_t> epoch_{1};

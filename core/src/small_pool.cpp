@@ -2,11 +2,24 @@
 #include "small_pool.h"
 
 #include <algorithm>
+#include <bit>
 
 namespace gpustitch::detail {
 namespace {
-constexpr std::size_t kStreamCacheDepth = 256;  // per stream and class
+// Per stream and class: an eighth of a chunk's slots, between 2 and 64. A stream's cached slots are
+// reusable by it alone until they leave the cache, so this bounds what a stream keeps to itself
+// (about 256 KiB per class with 2 MiB chunks, 2 slots for the largest classes).
+constexpr std::size_t kStreamCacheMin = 2, kStreamCacheMax = 64;
+
+// The class of size (>= 1) in the series 512, 1024, 1536, 2048, then p*5/4, p*3/2, p*7/4, 2p for
+// each power of two p >= 2048, computed directly.
+std::uint32_t series_index(std::size_t size) {
+  if (size <= 2048) return static_cast<std::uint32_t>((size - 1) >> 9);
+  const int k = static_cast<int>(std::bit_width(size - 1)) - 1;  // 2^k < size <= 2^(k+1)
+  const std::size_t p = std::size_t{1} << k;
+  return static_cast<std::uint32_t>(4 + 4 * (k - 11) + ((size - 1 - p) >> (k - 2)));
 }
+}  // namespace
 
 SmallPool::SmallPool(std::size_t limit, std::size_t granularity) : limit_(limit) {
   chunk_size_ = align_up(std::max<std::size_t>(2 * MiB, 2 * limit), granularity);
@@ -24,10 +37,35 @@ SmallPool::~SmallPool() {
 }
 
 std::uint32_t SmallPool::class_index(std::size_t size) const {
-  // Few classes (about 40): a binary search is fast and obviously right.
-  auto it = std::lower_bound(classes_.begin(), classes_.end(), size,
-                             [](const SizeClass& c, std::size_t s) { return c.size < s; });
-  return static_cast<std::uint32_t>(it - classes_.begin());
+  // The classes are the series above, cut after the first one >= limit.
+  return std::min(series_index(size), static_cast<std::uint32_t>(classes_.size() - 1));
+}
+
+SmallPool::StreamCache& SmallPool::cache_of(Stream stream) {
+  if (stream == last_stream_) return *last_cache_;
+  StreamCache& caches = stream_caches_[stream];  // node-based: the address stays valid
+  if (caches.empty()) {
+    caches.resize(classes_.size());
+    for (std::size_t i = 0; i < classes_.size(); ++i) {
+      const std::size_t per_chunk = chunk_size_ / classes_[i].size;
+      caches[i].set_capacity(static_cast<std::uint32_t>(
+          std::clamp<std::size_t>(per_chunk / 8, kStreamCacheMin, kStreamCacheMax)));
+    }
+  }
+  last_stream_ = stream;
+  last_cache_ = &caches;
+  return caches;
+}
+
+void SmallPool::drop_stream_caches() {
+  for (auto& [stream, caches] : stream_caches_) {
+    for (auto& cache : caches) {
+      while (!cache.empty()) pending_.push_back(cache.pop_oldest());
+    }
+  }
+  stream_caches_.clear();
+  last_stream_ = kAnyStream;
+  last_cache_ = nullptr;
 }
 
 std::size_t SmallPool::class_size(std::size_t size) const {
@@ -64,14 +102,17 @@ SmallAlloc SmallPool::allocate(std::size_t size, Stream stream, ChunkSource& sou
   const std::uint32_t cls = class_index(std::max<std::size_t>(size, 1));
   SizeClass& sc = classes_[cls];
   // 1. A slot this stream freed itself: stream order makes reuse safe without a fence.
-  if (stream != kAnyStream) {
-    auto it = stream_caches_.find(stream);
-    if (it != stream_caches_.end() && cls < it->second.size()) {
-      auto& cache = it->second[cls];
-      while (!cache.empty()) {
-        SlotRef ref = cache.back();
-        cache.pop_back();
-        if (ref.chunk->gen[ref.slot] != ref.gen) continue;  // promoted or reused since
+  if (stream != kAnyStream && !stream_caches_.empty()) {
+    auto it = stream == last_stream_ ? stream_caches_.end() : stream_caches_.find(stream);
+    StreamCache* caches = stream == last_stream_       ? last_cache_
+                          : it != stream_caches_.end() ? &it->second
+                                                       : nullptr;
+    if (caches != nullptr) {
+      last_stream_ = stream, last_cache_ = caches;
+      auto& cache = (*caches)[cls];
+      if (!cache.empty()) {
+        // Entries are never stale: a slot leaves the cache before anything else can take it.
+        SlotRef ref = cache.pop_newest();
         take_slot(ref.chunk, ref.slot, size);
         --ref.chunk->pending;
         return {ref.chunk->base + std::size_t{ref.slot} * ref.chunk->slot_size, ref.chunk, ref.slot,
@@ -114,26 +155,22 @@ void SmallPool::free(Chunk* c, std::uint32_t slot, Stream stream, std::uint64_t 
   --c->live;
   ++c->pending;
   --live_slots_;
-  const std::uint32_t gen = c->gen[slot];
-  pending_.push_back({c, slot, gen, epoch});
-  if (stream != kAnyStream) {
-    auto& caches = stream_caches_[stream];
-    if (caches.size() < classes_.size()) caches.resize(classes_.size());
-    auto& cache = caches[c->cls];
-    if (cache.size() >= kStreamCacheDepth) cache.pop_front();  // still queued for the fence
-    cache.push_back({c, slot, gen, epoch});
+  const SlotRef ref{c, slot, c->gen[slot], epoch};
+  if (stream == kAnyStream) {
+    pending_.push_back(ref);
+    return;
   }
+  auto& cache = cache_of(stream)[c->cls];
+  if (cache.full()) pending_.push_back(cache.pop_oldest());  // its fence makes it anyone's
+  cache.push(ref);
 }
 
 void SmallPool::destroy_chunk(Chunk* c, ChunkSource& source) {
-  // Stale queue and cache entries may still name the chunk: drop them with it.
-  std::erase_if(pending_, [c](const SlotRef& r) { return r.chunk == c; });
-  for (auto& [stream, caches] : stream_caches_) {
-    for (auto& cache : caches) std::erase_if(cache, [c](const SlotRef& r) { return r.chunk == c; });
-  }
+  // live == pending == 0: no queue or cache entry names the chunk (see the invariant).
   remove_partial(c);
   --classes_[c->cls].empty;
   chunks_.erase(c->base);
+  if (last_chunk_ == c) last_chunk_ = nullptr;
   source.return_chunk(c->block);
   delete c;
 }
@@ -166,11 +203,15 @@ std::size_t SmallPool::release_empty(ChunkSource& source) {
 }
 
 Chunk* SmallPool::chunk_of(DevPtr ptr) const {
+  // A thread mostly frees what it just allocated: the last chunk found is checked first.
+  if (Chunk* last = last_chunk_; last != nullptr && ptr - last->base < chunk_size_) return last;
   auto it = chunks_.upper_bound(ptr);
   if (it == chunks_.begin()) return nullptr;
   --it;
   Chunk* c = it->second;
-  return ptr < c->base + chunk_size_ ? c : nullptr;
+  if (ptr >= c->base + chunk_size_) return nullptr;
+  last_chunk_ = c;
+  return c;
 }
 
 }  // namespace gpustitch::detail

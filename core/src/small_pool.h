@@ -7,17 +7,29 @@
 // waste). Each chunk serves one class.
 //
 // A freed slot is "pending" until the device has finished the work queued before its free (see
-// reclaimer.cpp): it is queued FIFO with its fence epoch and becomes reusable by anyone once that
-// epoch is fenced. A slot freed on a stream (cudaFreeAsync) is also remembered in that stream's
-// cache and may be reused by the same stream at once, as stream order makes that safe. Every state
-// change bumps the slot's generation, so stale queue and cache entries are recognised and skipped.
+// reclaimer.cpp). A slot freed with cudaFree semantics is queued FIFO with its fence epoch and
+// becomes reusable by anyone once that epoch is fenced. A slot freed on a stream (cudaFreeAsync)
+// goes to that stream's cache instead, where the same stream may reuse it at once (stream order
+// makes that safe); it joins the fence queue only when it leaves the cache (the cache of its class
+// is full, or the caches are dropped on trim or out-of-memory). So a stream that allocates and
+// frees in a loop never touches the fence queue, and the reclaimer has nothing to walk for it.
+// Each cache is bounded (an eighth of a chunk's slots, 2 to 64), so the memory a stream keeps for
+// itself stays small; trim and out-of-memory empty the caches into the fence queue.
 //
-// Not thread-safe: DevicePool calls it under its lock.
+// Invariant: a chunk's `pending` count equals the number of entries naming it in the fence queue
+// and the stream caches together, so a chunk with live == pending == 0 is named by none.
+//
+// Hot-path costs are kept O(1) without heap allocation in the steady state: the size class is
+// computed (no search), caches are fixed rings, and the last stream's cache is remembered so a
+// stream looping on one thread skips the hash lookup.
+//
+// Not thread-safe: DevicePool calls it under its arena's lock.
 #pragma once
 
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
@@ -73,8 +85,9 @@ class SmallPool {
   bool has_pending() const { return !pending_.empty(); }
   // Returns every empty, fenced chunk to source. Returns the number of chunks returned.
   std::size_t release_empty(ChunkSource& source);
-  // Forgets per-stream caches (their slots stay queued for the fence).
-  void drop_stream_caches() { stream_caches_.clear(); }
+  // Empties the per-stream caches into the fence queue (their slots are reusable by anyone once
+  // fenced).
+  void drop_stream_caches();
   // The chunk containing ptr, if any.
   Chunk* chunk_of(DevPtr ptr) const;
 
@@ -92,7 +105,29 @@ class SmallPool {
     std::vector<Chunk*> partial;  // chunks with free slots
     std::size_t empty = 0;        // chunks with live == pending == 0
   };
-  using StreamCache = std::vector<std::deque<SlotRef>>;  // by class
+  // A bounded LIFO of one stream's freed slots of one class; the oldest leaves when it is full.
+  class SlotRing {
+   public:
+    bool empty() const { return size_ == 0; }
+    bool full() const { return size_ == cap_; }
+    void push(const SlotRef& r) {
+      if (!buf_) buf_ = std::make_unique<SlotRef[]>(cap_);
+      buf_[(head_ + size_++) % cap_] = r;
+    }
+    SlotRef pop_newest() { return buf_[(head_ + --size_) % cap_]; }
+    SlotRef pop_oldest() {
+      SlotRef r = buf_[head_];
+      head_ = (head_ + 1) % cap_, --size_;
+      return r;
+    }
+    void set_capacity(std::uint32_t cap) { cap_ = cap; }
+
+   private:
+    std::unique_ptr<SlotRef[]> buf_;
+    std::uint32_t cap_ = 1, head_ = 0, size_ = 0;
+  };
+  using StreamCache = std::vector<SlotRing>;  // by class
+  StreamCache& cache_of(Stream stream);
 
   std::uint32_t class_index(std::size_t size) const;
   void add_partial(Chunk* c);
@@ -104,8 +139,11 @@ class SmallPool {
   std::size_t chunk_size_;
   std::vector<SizeClass> classes_;
   std::map<DevPtr, Chunk*> chunks_;
+  mutable Chunk* last_chunk_ = nullptr;  // chunk_of's last answer
   std::deque<SlotRef> pending_;
   std::unordered_map<Stream, StreamCache> stream_caches_;
+  Stream last_stream_ = kAnyStream;  // the stream whose cache is last_cache_
+  StreamCache* last_cache_ = nullptr;
   std::size_t live_slots_ = 0;
 };
 

@@ -94,6 +94,7 @@ using PFN_cuCtxEnablePeerAccess = CUresult (*)(CUcontext, unsigned);
 using PFN_cuGetProcAddress = CUresult (*)(const char*, void**, int, cuuint64);
 using PFN_cuGetProcAddress_v2 = CUresult (*)(const char*, void**, int, cuuint64, int*);
 using PFN_cuCtxGetDevice = CUresult (*)(CUdevice*);
+using PFN_cuDeviceGetCount = CUresult (*)(int*);
 using PFN_cuCtxPushCurrent = CUresult (*)(CUcontext);
 using PFN_cuCtxPopCurrent = CUresult (*)(CUcontext*);
 using PFN_cuStreamIsCapturing = CUresult (*)(CUstream, int*);

@@ -81,6 +81,8 @@ const DriverCalls& driver_calls() noexcept {
   static const DriverCalls calls = [] {
     DriverCalls c;
     c.ctx_get_device = reinterpret_cast<cuda::PFN_cuCtxGetDevice>(driver_symbol("cuCtxGetDevice"));
+    c.device_get_count =
+        reinterpret_cast<cuda::PFN_cuDeviceGetCount>(driver_symbol("cuDeviceGetCount"));
     c.ctx_push = reinterpret_cast<cuda::PFN_cuCtxPushCurrent>(driver_symbol("cuCtxPushCurrent_v2"));
     c.ctx_pop = reinterpret_cast<cuda::PFN_cuCtxPopCurrent>(driver_symbol("cuCtxPopCurrent_v2"));
     c.stream_is_capturing =

@@ -42,6 +42,7 @@ void* driver_symbol(const char* symbol) noexcept;
 // Functions the shim calls but does not hook. Null when the driver lacks them.
 struct DriverCalls {
   cuda::PFN_cuCtxGetDevice ctx_get_device = nullptr;
+  cuda::PFN_cuDeviceGetCount device_get_count = nullptr;
   cuda::PFN_cuCtxPushCurrent ctx_push = nullptr;
   cuda::PFN_cuCtxPopCurrent ctx_pop = nullptr;
   cuda::PFN_cuStreamIsCapturing stream_is_capturing = nullptr;

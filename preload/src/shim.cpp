@@ -222,12 +222,35 @@ void log_oom(Pool& pool, int device, std::size_t size) noexcept {
   }
 }
 
+namespace {
+// Devices the driver shows (cuDeviceGetCount), once it has answered; -1 until then.
+std::atomic<int> g_visible_devices{-1};
+// The calling thread has had a current context (see runtime_current_device in shim.h).
+thread_local bool t_had_context = false;
+
+bool single_visible_device() noexcept {
+  int n = g_visible_devices.load(std::memory_order_relaxed);
+  if (n < 0) {
+    auto count = driver_calls().device_get_count;
+    if (!count || count(&n) != cuda::CUDA_SUCCESS) return false;  // before cuInit: ask later
+    g_visible_devices.store(n, std::memory_order_relaxed);
+  }
+  return n == 1;
+}
+}  // namespace
+
 bool driver_current_device(int* device) noexcept {
   auto get = driver_calls().ctx_get_device;
-  return get && get(device) == cuda::CUDA_SUCCESS;
+  if (!get || get(device) != cuda::CUDA_SUCCESS) return false;
+  t_had_context = true;
+  return true;
 }
 
 bool runtime_current_device(int* device) noexcept {
+  if (t_had_context && single_visible_device()) {
+    *device = 0;
+    return true;
+  }
   if (driver_current_device(device)) return true;
   // No current context yet: the native runtime call would create the primary context of the
   // runtime's current device first. cudaFree(NULL) is the runtime's documented way to do just that.
@@ -242,6 +265,10 @@ bool runtime_current_device(int* device) noexcept {
 
 bool stream_device(cuda::CUstream stream, bool per_thread, bool runtime, int* device) noexcept {
   auto v = reinterpret_cast<std::uintptr_t>(stream);
+  if (v > 2 && single_visible_device()) {
+    *device = 0;
+    return true;
+  }
   if (v > 2) {
     const auto& d = driver_calls();
     auto get = per_thread ? d.stream_get_device_ptsz : d.stream_get_device;

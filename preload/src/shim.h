@@ -69,8 +69,17 @@ void log_oom(Pool& pool, int device, std::size_t size) noexcept;
 bool driver_current_device(int* device) noexcept;
 // Same, but first lets the runtime create its context if none is current yet (what the native
 // runtime call would have done itself).
+//
+// Fast path (no driver call): when the driver shows exactly one device, the current device can
+// only be device 0, so once the calling thread has been seen with a current context the answer
+// is 0 without asking. (A cache keyed by thread alone would be wrong with several devices:
+// cudaSetDevice is not hooked, and the runtime switches contexts through private entry points.
+// With one device there is nothing to switch to.) The driver-level hooks keep asking, so a
+// driver-API program without a context still gets the native CUDA_ERROR_INVALID_CONTEXT.
 bool runtime_current_device(int* device) noexcept;
-// The device a stream-ordered allocation on stream belongs to.
+// The device a stream-ordered allocation on stream belongs to. Call it after stream_capturing(),
+// which has validated the stream: with one visible device an explicit stream's device is 0
+// without asking the driver.
 bool stream_device(cuda::CUstream stream, bool per_thread, bool runtime, int* device) noexcept;
 // Whether stream is being captured into a CUDA graph (then stream-ordered calls keep their native,
 // graph-recording behaviour). Errors count as "capturing": native handling is always safe.

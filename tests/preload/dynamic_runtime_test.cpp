@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -482,3 +483,37 @@ TEST_F(DynamicRuntime, PluggableAllocatorEntryPoints) {
 }
 
 }  // namespace
+
+// With one visible device (ctest's preload_dynamic_runtime_one_device: FAKE_CUDA_DEVICES=1,
+// sim_devices:1) the hooks know the device without asking the driver on every call: cache-hit
+// allocations then cost no cuCtxGetDevice/cuStreamGetDevice, and are still served by the pool on
+// device 0 with their bytes intact.
+TEST_F(DynamicRuntime, OneDeviceAllocationsAskTheDriverNothing) {
+  const char* devices = std::getenv("FAKE_CUDA_DEVICES");
+  if (devices == nullptr || std::string(devices) != "1") GTEST_SKIP() << "needs one device";
+  CUstream_st* stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), kSuccess);
+  void* warm = nullptr;
+  ASSERT_EQ(cudaMalloc(&warm, 4096), kSuccess);  // this thread's context is seen once
+  ASSERT_EQ(cudaFree(warm), kSuccess);
+  fakecuda_reset_calls();
+  auto before = shim::stats(0);
+  for (int i = 0; i < 10; ++i) {
+    void* p = nullptr;
+    void* q = nullptr;
+    ASSERT_EQ(cudaMalloc(&p, 4096), kSuccess);
+    ASSERT_EQ(cudaMallocAsync(&q, 8192, stream), kSuccess);
+    EXPECT_TRUE(shim::owns(p));
+    EXPECT_TRUE(shim::owns(q));
+    fill(p, 4096, 3);
+    fill(q, 8192, 5);
+    EXPECT_TRUE(check(p, 4096, 3));
+    EXPECT_TRUE(check(q, 8192, 5));
+    ASSERT_EQ(cudaFree(p), kSuccess);
+    ASSERT_EQ(cudaFreeAsync(q, stream), kSuccess);
+  }
+  EXPECT_EQ(shim::stats(0).allocs, before.allocs + 20);
+  EXPECT_EQ(fakecuda_calls("cuCtxGetDevice"), 0);
+  EXPECT_EQ(fakecuda_calls("cuStreamGetDevice"), 0);
+  EXPECT_EQ(fakecuda_calls("cuMemAlloc_v2") + fakecuda_calls("cuMemAllocAsync"), 0);
+}

@@ -143,6 +143,13 @@ fi
     echo
     grep -av '^  \|^alloc_latency: measuring\|^# ' "$f"
   done
+  for link in static shared; do
+    if [[ -f $OUTDIR/alloc_latency-$link.json && -f $OUTDIR/alloc_latency-$link-shim.json ]]; then
+      echo
+      python3 "$ROOT/tools/gpu/compare_latency.py" "$OUTDIR/alloc_latency-$link.json" \
+        "$OUTDIR/alloc_latency-$link-shim.json"
+    fi
+  done
   if [[ -f $WORK/matrix.md ]]; then
     echo
     cat "$WORK/matrix.md"

@@ -26,6 +26,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory_resource>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -147,9 +148,12 @@ class LiveBlockTable final : public PoolObserver {
     ServedBy served_by;
   };
   static constexpr int kShards = 16;
+  // Each shard's map draws its nodes from its own pool (under mu), not from malloc: this table
+  // sits on every allocation and free of the shim's hot path.
   struct Shard {
     mutable std::mutex mu;
-    std::unordered_map<DevPtr, Entry> live;
+    std::pmr::unsynchronized_pool_resource nodes;
+    std::pmr::unordered_map<DevPtr, Entry> live{&nodes};
   };
   Shard& shard(DevPtr p) const noexcept { return shards_[(p >> 9) % kShards]; }
   mutable Shard shards_[kShards];
