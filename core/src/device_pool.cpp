@@ -170,6 +170,21 @@ bool DevicePool::cap_allows(std::size_t bytes) const noexcept {
 
 // ---------------------------------------------------------------------------------------------
 // Allocation
+//
+// allocate() does not count an out-of-memory itself: the Pool may still retry (its out-of-memory
+// handler, e.g. cooperative release), and only the failure the caller finally sees counts, once,
+// through note_out_of_memory().
+
+void DevicePool::note_out_of_memory(std::size_t size) noexcept {
+  Outcome outcome;
+  {
+    std::lock_guard lock(mu_);
+    ++stats_.ooms;
+    backend_.mem_info(device_, &last_device_free_, nullptr);
+    outcome.add(make_event(EventKind::oom, size, 0));
+  }
+  emit(outcome);
+}
 
 Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
                             Outcome* outcome) noexcept {
@@ -182,12 +197,6 @@ Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
       Outcome retry;
       s = allocate_small(size, stream, out, &retry);
       if (retry.has_event) outcome->add(retry.event);
-    }
-    if (s == Status::out_of_memory) {
-      std::lock_guard lock(mu_);
-      ++stats_.ooms;
-      backend_.mem_info(device_, &last_device_free_, nullptr);
-      outcome->add(make_event(EventKind::oom, size, 0));
     }
     emit(*outcome);
     return s;
@@ -216,14 +225,7 @@ Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
         note_peak();
         break;
       }
-      if (status != Status::out_of_memory || attempt == 1) {
-        if (status == Status::out_of_memory) {
-          ++stats_.ooms;
-          backend_.mem_info(device_, &last_device_free_, nullptr);
-          outcome->add(make_event(EventKind::oom, size, 0));
-        }
-        break;
-      }
+      if (status != Status::out_of_memory || attempt == 1) break;
     }
     // Out of memory with the large pool alone: fence small frees and take back empty chunks
     // (the arena locks come before the device lock, so this happens outside it), then retry.

@@ -44,7 +44,10 @@ class DevicePool final : private ChunkSource {
   DevicePool(Backend& backend, const Config& config, int device, PoolObserver* observer);
   ~DevicePool() override;
 
+  // Does not count out-of-memory: the caller reports the final failure with note_out_of_memory.
   Status allocate(std::size_t size, Stream stream, DevPtr* out, Outcome* outcome) noexcept;
+  // Counts an out-of-memory the caller sees and emits its event (with the figures of the moment).
+  void note_out_of_memory(std::size_t size) noexcept;
   // Returns invalid_value for pointers this device's pool did not hand out.
   Status deallocate(DevPtr ptr, Stream stream, Outcome* outcome) noexcept;
   bool find(DevPtr ptr, BlockInfo* out) const noexcept;

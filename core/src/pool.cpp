@@ -6,6 +6,8 @@
 // flows back up.
 #include "gpustitch/pool.h"
 
+#include <new>
+
 #include "device_pool.h"
 
 namespace gpustitch {
@@ -35,10 +37,28 @@ Status Pool::allocate(int device, std::size_t size, Stream stream, DevPtr* out) 
   if (dp == nullptr) return Status::invalid_device;
   Outcome outcome;
   Status s = dp->allocate(size, stream, out, &outcome);
+  if (s == Status::out_of_memory) {
+    const OomHandler* h = oom_handler_.load(std::memory_order_acquire);
+    if (h != nullptr && h->fn(device, size, h->context)) {
+      outcome = Outcome{};
+      s = dp->allocate(size, stream, out, &outcome);
+    }
+    if (s == Status::out_of_memory) dp->note_out_of_memory(size);
+  }
   if (s == Status::ok && observer_ != nullptr) {
     observer_->on_allocate(device, *out, size, stream, outcome.how);
   }
   return s;
+}
+
+void Pool::set_out_of_memory_handler(OutOfMemoryHandler handler, void* context) noexcept {
+  const OomHandler* h = nullptr;
+  if (handler != nullptr) {
+    h = new (std::nothrow) OomHandler{handler, context};
+    if (h == nullptr) return;
+  }
+  // The previous handler is not deleted: an allocation may still be calling it.
+  oom_handler_.store(h, std::memory_order_release);
 }
 
 Status Pool::deallocate(DevPtr ptr, Stream stream) noexcept {

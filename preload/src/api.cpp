@@ -2,7 +2,6 @@
 // and the introspection calls tests and tools use.
 #include <cstring>
 
-#include "coop.h"
 #include "gpustitch/gpustitch.h"
 #include "hooks.h"
 #include "real_api.h"
@@ -26,7 +25,7 @@ __attribute__((visibility("default"))) void* gpustitch_malloc(ssize_t size, int 
   Pool* pool = pl::serving_pool();
   if (pool) {
     DevPtr out = 0;
-    Status s = pl::allocate_or_ask(*pool, device, bytes, pl::stream_key(stream, false), &out);
+    Status s = pool->allocate(device, bytes, pl::stream_key(stream, false), &out);
     if (s == Status::ok) return reinterpret_cast<void*>(out);
     if (s == Status::out_of_memory) {
       pl::log_oom(*pool, device, bytes);

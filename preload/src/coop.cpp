@@ -310,6 +310,13 @@ std::size_t ask_neighbours(Pool& pool, int device, std::size_t size) noexcept {
   }
 }
 
+// The pool's out-of-memory handler: the pool retries once when neighbours released something, and
+// counts an out-of-memory only when the caller finally gets one.
+bool ask_on_out_of_memory(int device, std::size_t size, void* pool) noexcept {
+  if (!g_enabled.load(std::memory_order_acquire)) return false;
+  return ask_neighbours(*static_cast<Pool*>(pool), device, size) != 0;
+}
+
 }  // namespace
 
 void start_coop(const Config& config, Pool& pool, shm::StatsPublisher* publisher) noexcept {
@@ -321,6 +328,7 @@ void start_coop(const Config& config, Pool& pool, shm::StatsPublisher* publisher
   auto sock = coop::Socket::listen(::getpid(), *start);
   // Without a listener the process still asks: giving and asking are independent.
   g_enabled.store(true, std::memory_order_release);
+  pool.set_out_of_memory_handler(&ask_on_out_of_memory, &pool);
   if (!sock) return;
   auto* owned = new (std::nothrow) coop::Socket(std::move(*sock));  // lives as long as the thread
   if (owned == nullptr) return;
@@ -336,14 +344,6 @@ void start_coop(const Config& config, Pool& pool, shm::StatsPublisher* publisher
     delete owned;
   }
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
-}
-
-Status allocate_or_ask(Pool& pool, int device, std::size_t size, Stream stream,
-                       DevPtr* out) noexcept {
-  Status s = pool.allocate(device, size, stream, out);
-  if (s != Status::out_of_memory || !g_enabled.load(std::memory_order_acquire)) return s;
-  if (ask_neighbours(pool, device, size) == 0) return s;
-  return pool.allocate(device, size, stream, out);
 }
 
 void fill_coop_counters(int device, shm::DeviceCounters& out) noexcept {

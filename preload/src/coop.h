@@ -11,15 +11,11 @@
 
 namespace gpustitch::preload {
 
-// Starts the listener thread when config.coop is on. publisher (may be null) receives the
-// coop_give/coop_receive events. Called once, from the shim's initialisation.
+// When config.coop is on: starts the listener thread and installs the pool's out-of-memory
+// handler (ask the neighbours on the same GPU to release idle cache, wait up to coop_wait_ms,
+// let the pool retry once). publisher (may be null) receives the coop_give/coop_receive events.
+// Called once, from the shim's initialisation, before the pool serves.
 void start_coop(const Config& config, Pool& pool, shm::StatsPublisher* publisher) noexcept;
-
-// pool.allocate(), and when that reports out-of-memory (the pool has already trimmed its own
-// cache) and coop is on: ask the neighbours on the same GPU to release idle cache, wait up to
-// coop_wait_ms for their answers, and retry once. Never holds a pool lock while waiting.
-Status allocate_or_ask(Pool& pool, int device, std::size_t size, Stream stream,
-                       DevPtr* out) noexcept;
 
 // Adds the coop_* counters of device (the publisher's augment hook).
 void fill_coop_counters(int device, shm::DeviceCounters& counters) noexcept;

@@ -9,7 +9,6 @@
 #include <atomic>
 #include <cstring>
 
-#include "coop.h"
 #include "hooks.h"
 #include "real_api.h"
 #include "shim.h"
@@ -34,7 +33,7 @@ int serve_sync_alloc(Pool* pool, CUdeviceptr* dptr, std::size_t size) {
   int device = 0;
   if (!pl::driver_current_device(&device)) return -1;  // native reports the missing context
   DevPtr out = 0;
-  Status s = pl::allocate_or_ask(*pool, device, size, kAnyStream, &out);
+  Status s = pool->allocate(device, size, kAnyStream, &out);
   if (s == Status::ok) {
     *dptr = out;
     return CUDA_SUCCESS;
@@ -57,7 +56,7 @@ CUresult alloc_async(CUdeviceptr* dptr, std::size_t size, CUstream stream, bool 
     return forward<PFN_cuMemAllocAsync>(h, dptr, size, stream);
   }
   DevPtr out = 0;
-  Status s = pl::allocate_or_ask(*pool, device, size, pl::stream_key(stream, per_thread), &out);
+  Status s = pool->allocate(device, size, pl::stream_key(stream, per_thread), &out);
   if (s == Status::ok) {
     *dptr = out;
     return CUDA_SUCCESS;

@@ -7,7 +7,6 @@
 // must not serve the same allocation a second time.
 #include <atomic>
 
-#include "coop.h"
 #include "hooks.h"
 #include "real_api.h"
 #include "shim.h"
@@ -32,7 +31,7 @@ int serve_sync_alloc(Pool* pool, void** ptr, std::size_t size) {
   int device = 0;
   if (!pl::runtime_current_device(&device)) return -1;
   DevPtr out = 0;
-  Status s = pl::allocate_or_ask(*pool, device, size, kAnyStream, &out);
+  Status s = pool->allocate(device, size, kAnyStream, &out);
   if (s == Status::ok) {
     *ptr = reinterpret_cast<void*>(out);
     return cudaSuccess;
@@ -53,7 +52,7 @@ cudaError malloc_async(void** ptr, std::size_t size, CUstream stream, bool per_t
     if (!pl::stream_capturing(stream, per_thread) &&
         pl::stream_device(stream, per_thread, true, &device)) {
       DevPtr out = 0;
-      Status s = pl::allocate_or_ask(*pool, device, size, pl::stream_key(stream, per_thread), &out);
+      Status s = pool->allocate(device, size, pl::stream_key(stream, per_thread), &out);
       if (s == Status::ok) {
         *ptr = reinterpret_cast<void*>(out);
         return cudaSuccess;

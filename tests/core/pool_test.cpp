@@ -2,6 +2,7 @@
 // GPUSTITCH_TEST_BACKEND=cuda). Tests that need fault injection or capacity control skip on CUDA.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -536,4 +537,55 @@ TEST(Pool, ConcurrentThreadsNeverShareMemory) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(failures.load(), 0);
   EXPECT_EQ(pool.stats(0).live_blocks, 0u);
+}
+
+// The out-of-memory handler (cooperative release asks other processes through it): the pool
+// retries once when it reports memory was freed elsewhere, and only the failure the caller finally
+// sees counts as an out-of-memory, once.
+TEST(Pool, OutOfMemoryHandlerRetriesOnceAndOnlyTheFinalFailureCounts) {
+  TestDevice dev = make_test_device({.capacity = 4 * GiB});
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs a simulated device";
+  RecordingObserver obs;
+  Pool pool(*dev.backend, inline_config(), &obs);
+  struct Neighbour {
+    SimBackend* sim;
+    int calls = 0;
+    bool frees = false;
+  } neighbour{dev.sim};
+  pool.set_out_of_memory_handler(
+      [](int device, std::size_t size, void* ctx) noexcept {
+        auto* n = static_cast<Neighbour*>(ctx);
+        ++n->calls;
+        EXPECT_EQ(device, 0);
+        EXPECT_EQ(size, 3 * GiB);
+        if (n->frees) n->sim->set_external_usage(0, 0);  // another process gave its memory back
+        return n->frees;
+      },
+      &neighbour);
+  dev.sim->set_external_usage(0, 2 * GiB);  // another process holds half the device
+
+  DevPtr p = 0;
+  EXPECT_EQ(pool.allocate(0, 3 * GiB, kAnyStream, &p), Status::out_of_memory);
+  EXPECT_EQ(neighbour.calls, 1);
+  EXPECT_EQ(pool.stats(0).ooms, 1u);
+  auto ooms = [&] {
+    return std::count_if(obs.events.begin(), obs.events.end(),
+                         [](const PoolEvent& e) { return e.kind == EventKind::oom; });
+  };
+  EXPECT_EQ(ooms(), 1);
+
+  neighbour.frees = true;
+  ASSERT_EQ(pool.allocate(0, 3 * GiB, kAnyStream, &p), Status::ok);
+  EXPECT_EQ(neighbour.calls, 2);
+  EXPECT_EQ(pool.stats(0).ooms, 1u) << "a rescued allocation is not an out-of-memory";
+  EXPECT_EQ(ooms(), 1);
+  stamp(dev, p, 3 * GiB, 0x5eed);
+  EXPECT_TRUE(check(dev, p, 3 * GiB, 0x5eed));
+
+  pool.set_out_of_memory_handler(nullptr, nullptr);  // removed: no call, one count
+  DevPtr q = 0;
+  EXPECT_EQ(pool.allocate(0, 2 * GiB, kAnyStream, &q), Status::out_of_memory);
+  EXPECT_EQ(neighbour.calls, 2);
+  EXPECT_EQ(pool.stats(0).ooms, 2u);
+  ASSERT_EQ(pool.deallocate(p), Status::ok);
 }

@@ -1,6 +1,7 @@
 // The stitching pool: the public face of the allocator core. See pool.cpp for the design.
 #pragma once
 
+#include <atomic>
 #include <memory>
 
 #include "gpustitch/backend.h"
@@ -22,6 +23,13 @@ namespace detail {
 class DevicePool;
 }
 
+// Called when the pool cannot serve an allocation even after trimming its own cache, before the
+// failure is reported (RMM's failure_callback_resource_adaptor, one retry). It may free memory
+// elsewhere (cooperative release asks other processes on the GPU); returning true makes the pool
+// retry once. Runs on the allocating thread with no pool lock held, so it may take time and call
+// into the pool (trim, stats) but must not allocate from it.
+using OutOfMemoryHandler = bool (*)(int device, std::size_t size, void* context) noexcept;
+
 class Pool {
  public:
   // backend must outlive the pool. observer may be null; it must outlive the pool.
@@ -35,6 +43,10 @@ class Pool {
   // Returns ok, out_of_memory (only when free physical memory is really short), invalid_device,
   // or not_initialized.
   Status allocate(int device, std::size_t size, Stream stream, DevPtr* out) noexcept;
+
+  // Installs (or, with null, removes) the out-of-memory handler. Set it before serving: a call
+  // racing with allocations may see the old handler or the new one, never half of each.
+  void set_out_of_memory_handler(OutOfMemoryHandler handler, void* context) noexcept;
 
   // Frees a pointer allocate() returned. stream = kAnyStream for cudaFree semantics (reusable
   // after device work queued so far completes), a stream for cudaFreeAsync semantics (reusable at
@@ -84,6 +96,11 @@ class Pool {
   Backend& backend_;
   Config config_;
   PoolObserver* observer_;
+  struct OomHandler {
+    OutOfMemoryHandler fn;
+    void* context;
+  };
+  std::atomic<const OomHandler*> oom_handler_{nullptr};  // replaced ones are kept (tiny, rare)
   int device_count_ = 0;
   std::unique_ptr<std::unique_ptr<detail::DevicePool>[]> devices_;
 };
