@@ -38,9 +38,9 @@
 //
 // Frees never wait for the device: memory is queued with a fence epoch (reclaimer.cpp).
 //
-// Thread safety: one lock per device (HybridLock, hybrid_lock.h) guards everything here; backend
-// calls on the slow paths (create, map, stitch) run under it, as cudaMalloc does in PyTorch's
-// allocator. Observer callbacks run after the mutex is released.
+// Thread safety: one lock per device (a std::mutex; the arenas use HybridLock) guards everything
+// here; backend calls on the slow paths (create, map, stitch) run under it, as cudaMalloc does in
+// PyTorch's allocator. Observer callbacks run after the mutex is released.
 #include "device_pool.h"
 
 #include <algorithm>
