@@ -25,11 +25,13 @@ __attribute__((visibility("default"))) void* gpustitch_malloc(ssize_t size, int 
   Pool* pool = pl::serving_pool();
   if (pool) {
     DevPtr out = 0;
-    Status s = pool->allocate(device, bytes, pl::stream_key(stream, false), &out);
-    if (s == Status::ok) return reinterpret_cast<void*>(out);
-    if (s == Status::out_of_memory) {
-      pl::log_oom(*pool, device, bytes);
-      return nullptr;
+    switch (pl::serve_allocation(*pool, device, bytes, pl::stream_key(stream, false), &out)) {
+      case pl::Served::ok:
+        return reinterpret_cast<void*>(out);
+      case pl::Served::out_of_memory:
+        return nullptr;
+      case pl::Served::not_served:
+        break;
     }
   }
   // Not served by the pool: the driver, on the caller's current context (PyTorch makes device

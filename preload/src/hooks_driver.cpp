@@ -27,22 +27,29 @@ CUresult forward(Hook h, Args... args) {
   return fn ? fn(args...) : CUDA_ERROR_NOT_INITIALIZED;
 }
 
+// The driver's codes for what the pool did; -1: forward instead.
+int driver_result(pl::Served served, CUdeviceptr* dptr, DevPtr out) {
+  switch (served) {
+    case pl::Served::ok:
+      *dptr = out;
+      return CUDA_SUCCESS;
+    case pl::Served::out_of_memory:
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    case pl::Served::not_served:
+      break;
+  }
+  return -1;
+}
+
 // Serves a cudaMalloc-semantics allocation (any stream may use it) on the current device.
 // Returns -1 when the call must be forwarded instead.
 int serve_sync_alloc(Pool* pool, CUdeviceptr* dptr, std::size_t size) {
   int device = 0;
   if (!pl::driver_current_device(&device)) return -1;  // native reports the missing context
   DevPtr out = 0;
-  Status s = pool->allocate(device, size, kAnyStream, &out);
-  if (s == Status::ok) {
-    *dptr = out;
-    return CUDA_SUCCESS;
-  }
-  if (s == Status::out_of_memory) {
-    pl::log_oom(*pool, device, size);
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  }
-  return -1;  // the pool cannot serve this device: the driver can
+  // -1: the pool cannot serve this device, the driver can.
+  const pl::Served served = pl::serve_allocation(*pool, device, size, kAnyStream, &out);
+  return driver_result(served, dptr, out);
 }
 
 CUresult alloc_async(CUdeviceptr* dptr, std::size_t size, CUstream stream, bool per_thread) {
@@ -56,15 +63,10 @@ CUresult alloc_async(CUdeviceptr* dptr, std::size_t size, CUstream stream, bool 
     return forward<PFN_cuMemAllocAsync>(h, dptr, size, stream);
   }
   DevPtr out = 0;
-  Status s = pool->allocate(device, size, pl::stream_key(stream, per_thread), &out);
-  if (s == Status::ok) {
-    *dptr = out;
-    return CUDA_SUCCESS;
-  }
-  if (s == Status::out_of_memory) {
-    pl::log_oom(*pool, device, size);
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  }
+  const pl::Served served =
+      pl::serve_allocation(*pool, device, size, pl::stream_key(stream, per_thread), &out);
+  const int r = driver_result(served, dptr, out);
+  if (r >= 0) return static_cast<CUresult>(r);
   pl::note_passthrough();
   return forward<PFN_cuMemAllocAsync>(h, dptr, size, stream);
 }
@@ -73,16 +75,13 @@ CUresult free_async(CUdeviceptr dptr, CUstream stream, bool per_thread) {
   Hook h = per_thread ? Hook::cuMemFreeAsync_ptsz : Hook::cuMemFreeAsync;
   Pool* pool = pl::existing_pool();
   if (pool && dptr) {
-    if (pl::stream_capturing(stream, per_thread)) {
-      // A graph cannot record a free of pool memory: the driver does not know the pointer.
-      if (pool->find(dptr)) {
-        pl::log().error(
-            "cuMemFreeAsync of pool memory on a capturing stream is not supported; allocate "
-            "memory used by CUDA graphs inside the capture");
+    switch (pl::serve_free_async(*pool, dptr, stream, per_thread, "cuMemFreeAsync")) {
+      case pl::FreeServed::freed:
+        return CUDA_SUCCESS;
+      case pl::FreeServed::capture_unsupported:
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-      }
-    } else if (pool->deallocate(dptr, pl::stream_key(stream, per_thread)) == Status::ok) {
-      return CUDA_SUCCESS;
+      case pl::FreeServed::not_served:
+        break;
     }
   }
   return forward<PFN_cuMemFreeAsync>(h, dptr, stream);

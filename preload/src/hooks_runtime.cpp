@@ -26,22 +26,29 @@ cudaError forward(Hook h, Args... args) {
   return fn(args...);
 }
 
+// The runtime's codes for what the pool did; -1: forward instead. A failed cudaMalloc also leaves
+// its error as the runtime's last error (cudaGetLastError() after an OOM).
+int runtime_result(pl::Served served, void** ptr, DevPtr out) {
+  switch (served) {
+    case pl::Served::ok:
+      *ptr = reinterpret_cast<void*>(out);
+      return cudaSuccess;
+    case pl::Served::out_of_memory:
+      pl::set_runtime_last_error_oom();
+      return cudaErrorMemoryAllocation;
+    case pl::Served::not_served:
+      break;
+  }
+  return -1;
+}
+
 // cudaMalloc semantics on the runtime's current device. -1: forward instead.
 int serve_sync_alloc(Pool* pool, void** ptr, std::size_t size) {
   int device = 0;
   if (!pl::runtime_current_device(&device)) return -1;
   DevPtr out = 0;
-  Status s = pool->allocate(device, size, kAnyStream, &out);
-  if (s == Status::ok) {
-    *ptr = reinterpret_cast<void*>(out);
-    return cudaSuccess;
-  }
-  if (s == Status::out_of_memory) {
-    pl::log_oom(*pool, device, size);
-    pl::set_runtime_last_error_oom();
-    return cudaErrorMemoryAllocation;
-  }
-  return -1;
+  const pl::Served served = pl::serve_allocation(*pool, device, size, kAnyStream, &out);
+  return runtime_result(served, ptr, out);
 }
 
 cudaError malloc_async(void** ptr, std::size_t size, CUstream stream, bool per_thread) {
@@ -52,16 +59,10 @@ cudaError malloc_async(void** ptr, std::size_t size, CUstream stream, bool per_t
     if (!pl::stream_capturing(stream, per_thread) &&
         pl::stream_device(stream, per_thread, true, &device)) {
       DevPtr out = 0;
-      Status s = pool->allocate(device, size, pl::stream_key(stream, per_thread), &out);
-      if (s == Status::ok) {
-        *ptr = reinterpret_cast<void*>(out);
-        return cudaSuccess;
-      }
-      if (s == Status::out_of_memory) {
-        pl::log_oom(*pool, device, size);
-        pl::set_runtime_last_error_oom();
-        return cudaErrorMemoryAllocation;
-      }
+      const pl::Served served =
+          pl::serve_allocation(*pool, device, size, pl::stream_key(stream, per_thread), &out);
+      const int r = runtime_result(served, ptr, out);
+      if (r >= 0) return static_cast<cudaError>(r);
     }
     pl::note_passthrough();
   }
@@ -73,15 +74,13 @@ cudaError free_async(void* ptr, CUstream stream, bool per_thread) {
   Pool* pool = pl::existing_pool();
   auto p = reinterpret_cast<DevPtr>(ptr);
   if (pool && p) {
-    if (pl::stream_capturing(stream, per_thread)) {
-      if (pool->find(p)) {
-        pl::log().error(
-            "cudaFreeAsync of pool memory on a capturing stream is not supported; allocate memory "
-            "used by CUDA graphs inside the capture");
+    switch (pl::serve_free_async(*pool, p, stream, per_thread, "cudaFreeAsync")) {
+      case pl::FreeServed::freed:
+        return cudaSuccess;
+      case pl::FreeServed::capture_unsupported:
         return cudaErrorStreamCaptureUnsupported;
-      }
-    } else if (pool->deallocate(p, pl::stream_key(stream, per_thread)) == Status::ok) {
-      return cudaSuccess;
+      case pl::FreeServed::not_served:
+        break;
     }
   }
   return forward<PFN_cudaFreeAsync>(h, ptr, stream);

@@ -222,6 +222,34 @@ void log_oom(Pool& pool, int device, std::size_t size) noexcept {
   }
 }
 
+Served serve_allocation(Pool& pool, int device, std::size_t size, Stream stream,
+                        DevPtr* out) noexcept {
+  switch (pool.allocate(device, size, stream, out)) {
+    case Status::ok:
+      return Served::ok;
+    case Status::out_of_memory:
+      log_oom(pool, device, size);
+      return Served::out_of_memory;
+    default:
+      return Served::not_served;
+  }
+}
+
+FreeServed serve_free_async(Pool& pool, DevPtr ptr, cuda::CUstream stream, bool per_thread,
+                            const char* api) noexcept {
+  if (stream_capturing(stream, per_thread)) {
+    if (!pool.find(ptr)) return FreeServed::not_served;
+    log().error(
+        "{} of pool memory on a capturing stream is not supported; allocate memory used by CUDA "
+        "graphs inside the capture",
+        api);
+    return FreeServed::capture_unsupported;
+  }
+  return pool.deallocate(ptr, stream_key(stream, per_thread)) == Status::ok
+             ? FreeServed::freed
+             : FreeServed::not_served;
+}
+
 namespace {
 // Devices the driver shows (cuDeviceGetCount), once it has answered; -1 until then.
 std::atomic<int> g_visible_devices{-1};

@@ -89,6 +89,22 @@ bool stream_capturing(cuda::CUstream stream, bool per_thread) noexcept;
 // the same handle names a different stream on every thread.
 Stream stream_key(cuda::CUstream stream, bool per_thread) noexcept;
 
+// --- serving (shared by the runtime, driver and pluggable entry points) ------------------------
+// What became of a request the pool was asked to serve; each hook turns it into its API's code.
+enum class Served { ok, out_of_memory, not_served };
+
+// pool.allocate() on device into *out. An out-of-memory has been logged (one line) when this
+// returns; not_served means the pool cannot serve this device and the call goes to CUDA.
+Served serve_allocation(Pool& pool, int device, std::size_t size, Stream stream,
+                        DevPtr* out) noexcept;
+
+// A stream-ordered free (cudaFreeAsync, cuMemFreeAsync). capture_unsupported: ptr is the pool's
+// but stream is being captured into a graph, which cannot record a free of memory the driver does
+// not know (logged, naming api); not_served: ptr is not the pool's, the call goes to CUDA.
+enum class FreeServed { freed, capture_unsupported, not_served };
+FreeServed serve_free_async(Pool& pool, DevPtr ptr, cuda::CUstream stream, bool per_thread,
+                            const char* api) noexcept;
+
 // --- errors -------------------------------------------------------------------------------------
 cuda::CUresult to_curesult(Status s) noexcept;
 cuda::cudaError to_cuda_error(Status s) noexcept;

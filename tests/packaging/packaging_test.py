@@ -748,15 +748,19 @@ def step_e2e(c):
         pids = [str(p) for p in prod.pids]
         print(f"installed gpustitchd on 127.0.0.1:{d.port}, producers {pids} preloading {preload}")
 
+        # A sample may predate the producer's last publish (the daemon and the producers run on
+        # their own intervals), so wait for the figures the producers hold once READY.
         def all_published():
             _, samples = parse_exposition(d.scrape())
             alloc = {l["pid"]: v for n, l, v in samples
                      if n == "gpustitch_allocated_bytes" and l.get("pid") in pids}
-            return len(alloc) == len(pids), alloc
-        alloc = wait_for("both producers in /metrics", all_published)
-        for pid, v in alloc.items():
-            check(v == PRODUCER_ALLOCATED, f"pid {pid}: gpustitch_allocated_bytes {v:.0f}, "
-                                           f"expected {PRODUCER_ALLOCATED}")
+            ooms = {l["pid"]: v for n, l, v in samples
+                    if n == "gpustitch_oom_total" and l.get("pid") in pids}
+            done = (len(alloc) == len(pids) and all(v == PRODUCER_ALLOCATED for v in alloc.values())
+                    and len(ooms) == len(pids) and all(v >= 1 for v in ooms.values()))
+            return done, {"allocated": alloc, "ooms": ooms}
+        wait_for(f"both producers in /metrics with gpustitch_allocated_bytes {PRODUCER_ALLOCATED} "
+                 f"and their out-of-memory counted", all_published)
         _, samples = parse_exposition(d.scrape())
 
         def value(name, pid):
