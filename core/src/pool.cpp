@@ -52,13 +52,17 @@ Status Pool::allocate(int device, std::size_t size, Stream stream, DevPtr* out) 
 }
 
 void Pool::set_out_of_memory_handler(OutOfMemoryHandler handler, void* context) noexcept {
-  const OomHandler* h = nullptr;
-  if (handler != nullptr) {
-    h = new (std::nothrow) OomHandler{handler, context};
-    if (h == nullptr) return;
+  try {
+    std::lock_guard lock(oom_handlers_mu_);
+    const OomHandler* h = nullptr;
+    if (handler != nullptr) {
+      oom_handlers_.push_back(std::make_unique<const OomHandler>(OomHandler{handler, context}));
+      h = oom_handlers_.back().get();
+    }
+    oom_handler_.store(h, std::memory_order_release);
+  } catch (...) {
+    // Out of host memory: the previous handler stays installed.
   }
-  // The previous handler is not deleted: an allocation may still be calling it.
-  oom_handler_.store(h, std::memory_order_release);
 }
 
 Status Pool::deallocate(DevPtr ptr, Stream stream) noexcept {

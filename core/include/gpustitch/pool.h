@@ -3,6 +3,8 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
+#include <vector>
 
 #include "gpustitch/backend.h"
 #include "gpustitch/config.h"
@@ -100,7 +102,11 @@ class Pool {
     OutOfMemoryHandler fn;
     void* context;
   };
-  std::atomic<const OomHandler*> oom_handler_{nullptr};  // replaced ones are kept (tiny, rare)
+  std::atomic<const OomHandler*> oom_handler_{nullptr};
+  // Every handler ever installed, freed with the pool: a replaced one may still be running on an
+  // allocating thread. Guarded by oom_handlers_mu_ (set_out_of_memory_handler is rare).
+  std::mutex oom_handlers_mu_;
+  std::vector<std::unique_ptr<const OomHandler>> oom_handlers_;
   int device_count_ = 0;
   std::unique_ptr<std::unique_ptr<detail::DevicePool>[]> devices_;
 };
