@@ -1,10 +1,12 @@
-// A small-object arena: a SmallPool with its own lock, live table and counters.
+// A thread's arena: a SmallPool and a LargeCache (large_cache.h) with their own lock, live tables
+// and counters.
 //
 // Threads are spread over a device's arenas (round-robin at a thread's first small allocation),
 // so small allocations and frees on different threads do not contend for one lock. A free goes
 // to the calling thread's arena first (the common case: the allocating thread frees), then to the
 // large pool, then to the other arenas. Chunks come from, and go back to, the device's large pool
-// (lock order: arena, then device; never the reverse).
+// (lock order: arena, then device; never the reverse). Large blocks freed stream-ordered are parked
+// in the freeing thread's arena for its stream (large_cache.h), under the same lock.
 #pragma once
 
 #include <atomic>
@@ -12,18 +14,22 @@
 
 #include "gpustitch/stats.h"
 #include "hybrid_lock.h"
+#include "large_cache.h"
 #include "small_pool.h"
 
 namespace gpustitch::detail {
 
 struct alignas(64) Arena {
-  Arena(std::size_t limit, std::size_t granularity, std::uint16_t arena_id)
-      : small(limit, granularity), id(arena_id) {}
+  Arena(std::size_t limit, std::size_t granularity, std::size_t large_budget,
+        std::uint16_t arena_id)
+      : small(limit, granularity), large(large_budget), id(arena_id) {}
 
   HybridLock mu;
   SmallPool small;
+  LargeCache large;
   const std::uint16_t id;
-  // Counters, under mu, merged into the device's statistics on a snapshot.
+  // Counters (small slots and the large cache's live blocks), under mu, merged into the device's
+  // statistics on a snapshot.
   std::uint64_t allocs = 0;
   std::uint64_t frees = 0;
   std::uint64_t cache_hits = 0;
@@ -34,6 +40,11 @@ struct alignas(64) Arena {
   // Written under mu, read without it by the large path (peak tracking) and the reclaimer.
   std::atomic<std::uint64_t> bytes_allocated{0};
   std::atomic<bool> has_pending{false};
+  std::atomic<std::uint64_t> parked_bytes{0};  // large.parked_bytes(), for readers without mu
+  // Peak tracking (DevicePool::note_peak_arena), under mu: this arena's bytes_allocated when it
+  // last summed the device's total, and the device's peak generation then.
+  std::uint64_t peak_high = 0;
+  std::uint64_t peak_gen = UINT64_MAX;
 };
 
 }  // namespace gpustitch::detail

@@ -38,9 +38,18 @@
 //
 // Frees never wait for the device: memory is queued with a fence epoch (reclaimer.cpp).
 //
+// Stream-ordered large blocks (cudaMallocAsync/cudaFreeAsync) bypass the device lock in the steady
+// state: such a block is registered in the allocating thread's arena, a stream-ordered free parks
+// it there for its stream, and the next allocation of that stream and size takes it back, all under
+// the arena's lock (large_cache.h). Parked blocks go back to this pool as pending on their streams
+// when an arena's bound is exceeded, when an allocation of the stream needs another size, and
+// wherever the small pool's stream caches are dropped (out-of-memory retry, trim, release_idle,
+// drain_pending), so the out-of-memory guarantee above still holds.
+//
 // Thread safety: one lock per device (a std::mutex; the arenas use HybridLock) guards everything
-// here; backend calls on the slow paths (create, map, stitch) run under it, as cudaMalloc does in
-// PyTorch's allocator. Observer callbacks run after the mutex is released.
+// here but the arenas (lock order: arena, then device); backend calls on the slow paths (create,
+// map, stitch) run under it, as cudaMalloc does in PyTorch's allocator. Observer callbacks run
+// after the mutex is released.
 #include "device_pool.h"
 
 #include <algorithm>
@@ -92,6 +101,12 @@ constexpr std::size_t kLargeBuffer = 20 * MiB;   // PyTorch's slack for oversize
 constexpr std::uint64_t kCheapFenceNs = 50'000;  // a fence this fast means an idle device
 constexpr std::size_t kCheapStitchPieces = 8;    // ~8 x 27 us of cuMemSetAccess on an H200
 
+void atomic_max(std::atomic<std::uint64_t>& a, std::uint64_t v) {
+  std::uint64_t cur = a.load(std::memory_order_relaxed);
+  while (cur < v && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
+  }
+}
+
 std::uint64_t monotonic_ns() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -122,14 +137,15 @@ DevicePool::DevicePool(Backend& backend, const Config& config, int device, PoolO
   for (unsigned i = 0; i < arena_slots(); ++i) {
     arenas_.push_back(std::make_unique<Arena>(config_.small_limit,
                                               std::max<std::size_t>(granularity_, 1),
-                                              static_cast<std::uint16_t>(i)));
+                                              config_.large_cache, static_cast<std::uint16_t>(i)));
   }
   stats_.device_total = total;
   stats_.device_free = free;
 }
 
 DevicePool::~DevicePool() {
-  reclaimer_.stop();  // no fence pass may run while the views go away
+  reclaimer_.stop();     // no fence pass may run while the views go away
+  drain_large_caches();  // the arenas must not keep pointers to blocks deleted below
   // Everything is given back, live blocks included: the pool dies with its process (or test).
   std::lock_guard lock(mu_);
   for (auto& [base, v] : views_) {
@@ -201,27 +217,63 @@ Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
     emit(*outcome);
     return s;
   }
+  const std::size_t rounded = align_up(size, granularity_);
+  // Stream-ordered: the thread's arena serves from its parked blocks, and otherwise registers the
+  // block the device pool serves, so that its free needs no device lock either.
+  Arena* owner = stream != kAnyStream && config_.large_cache != 0 && rounded >= size
+                     ? &arena_for_thread()
+                     : nullptr;
   Status status = Status::ok;
   for (int attempt = 0; attempt < 2; ++attempt) {
     {
+      std::unique_lock<HybridLock> arena_lock;
+      if (owner != nullptr) {
+        arena_lock = std::unique_lock(owner->mu);
+        if (take_parked(*owner, size, rounded, stream, out, outcome)) {
+          status = Status::ok;
+          break;
+        }
+      }
       std::lock_guard lock(mu_);
-      const std::size_t rounded = align_up(size, granularity_);
       Block* b = nullptr;
-      status = rounded < size ? Status::out_of_memory
-                              : allocate_large(size, rounded, stream, &b, outcome);
+      if (owner != nullptr && owner->large.parked_count() != 0) {
+        // Before taking fresh memory, this stream's parked blocks too large for the request go to
+        // the device pool, where they may be split for it.
+        b = take_cached(rounded, stream);
+        if (b != nullptr) {
+          ++stats_.cache_hits;
+          outcome->how = ServedBy::cache;
+        } else {
+          Block* larger[LargeCache::kMaxParked];
+          const std::size_t n = owner->large.take_larger(stream, rounded, larger);
+          for (std::size_t i = 0; i < n; ++i) to_device_pending(larger[i]);
+          owner->parked_bytes.store(owner->large.parked_bytes(), std::memory_order_relaxed);
+        }
+      }
+      status = b != nullptr     ? Status::ok
+               : rounded < size ? Status::out_of_memory
+                                : allocate_large(size, rounded, stream, &b, outcome);
       if (status == Status::ok) {
         b->requested = size;
         b->stream = stream;
-        live_.emplace(b->ptr, LiveEntry{b, nullptr, 0});
-        stats_.bytes_allocated += b->size;
         outcome->size = b->size;
         *out = b->ptr;
-        const int bucket = histogram_bucket(size);
-        ++stats_.allocs;
-        ++stats_.live_blocks;
-        stats_.bytes_requested += size;
-        ++stats_.hist_allocs[bucket];
-        ++stats_.hist_live[bucket];
+        if (owner != nullptr) {
+          b->arena_owned = true;
+          b->arena = owner->id;
+          owner->large.add_live(b);
+          count_arena_alloc(*owner, b, size);
+        } else {
+          live_.emplace(b->ptr, LiveEntry{b, nullptr, 0});
+          stats_.bytes_allocated += b->size;
+          peak_.device_allocated.store(stats_.bytes_allocated, std::memory_order_relaxed);
+          const int bucket = histogram_bucket(size);
+          ++stats_.allocs;
+          ++stats_.live_blocks;
+          stats_.bytes_requested += size;
+          ++stats_.hist_allocs[bucket];
+          ++stats_.hist_live[bucket];
+        }
         note_peak();
         break;
       }
@@ -236,13 +288,35 @@ Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
 }
 
 void DevicePool::note_peak() noexcept {
-  const std::uint64_t total = stats_.bytes_allocated + small_allocated();
-  stats_.peak_allocated = std::max<std::uint64_t>(stats_.peak_allocated, total);
+  atomic_max(peak_.allocated, stats_.bytes_allocated + arena_allocated());
+  peak_.gen.fetch_add(1, std::memory_order_relaxed);
 }
 
-std::uint64_t DevicePool::small_allocated() const noexcept {
+// An arena-served allocation adds to the total without the device lock. Summing every arena's
+// counter on each one would pull the other threads' cache lines on the hot path, so the sum is
+// taken only when this arena holds more than when it last summed, or when the device pool has
+// allocated since (peak_.gen). Between two device-path allocations the device's share only
+// shrinks, so with one allocating thread at a time this finds every peak; with threads racing it
+// may miss a momentary one (as a snapshot of per-thread counters can anyway).
+void DevicePool::note_peak_arena(Arena& a) noexcept {
+  const std::uint64_t mine = a.bytes_allocated.load(std::memory_order_relaxed);
+  const std::uint64_t gen = peak_.gen.load(std::memory_order_relaxed);
+  if (gen == a.peak_gen && mine <= a.peak_high) return;
+  a.peak_gen = gen;
+  a.peak_high = mine;
+  atomic_max(peak_.allocated,
+             peak_.device_allocated.load(std::memory_order_relaxed) + arena_allocated());
+}
+
+std::uint64_t DevicePool::arena_allocated() const noexcept {
   std::uint64_t total = 0;
   for (const auto& a : arenas_) total += a->bytes_allocated.load(std::memory_order_relaxed);
+  return total;
+}
+
+std::uint64_t DevicePool::parked_bytes() const noexcept {
+  std::uint64_t total = 0;
+  for (const auto& a : arenas_) total += a->parked_bytes.load(std::memory_order_relaxed);
   return total;
 }
 
@@ -287,11 +361,36 @@ Status DevicePool::allocate_small(std::size_t size, Stream stream, DevPtr* out,
   return Status::ok;
 }
 
-bool DevicePool::deallocate_small(Arena& a, DevPtr ptr, Stream stream, Outcome* outcome) noexcept {
+bool DevicePool::free_in_arena(Arena& a, DevPtr ptr, Stream stream, Outcome* outcome) noexcept {
   std::lock_guard lock(a.mu);
+  return free_in_arena_locked(a, ptr, stream, outcome);
+}
+
+bool DevicePool::free_in_arena_locked(Arena& a, DevPtr ptr, Stream stream,
+                                      Outcome* outcome) noexcept {
   // The slot's chunk, found by address; the pointer must be a live slot's start.
   Chunk* c = a.small.chunk_of(ptr);
-  if (c == nullptr || (ptr - c->base) % c->slot_size != 0) return false;
+  if (c == nullptr) {
+    Block* b = a.large.take_live(ptr);
+    if (b == nullptr) return false;
+    a.bytes_allocated.store(a.bytes_allocated.load(std::memory_order_relaxed) - b->size,
+                            std::memory_order_relaxed);
+    a.bytes_requested -= b->requested;
+    --a.live_blocks;
+    --a.hist_live[histogram_bucket(b->requested)];
+    ++a.frees;
+    outcome->size = b->requested;
+    b->stream = stream;
+    b->epoch = epoch_.load();
+    if (stream != kAnyStream && a.large.can_park(b->size)) {
+      park(a, b, false);
+    } else {
+      std::lock_guard lock(mu_);
+      to_device_pending(b);
+    }
+    return true;
+  }
+  if ((ptr - c->base) % c->slot_size != 0) return false;
   const auto slot = static_cast<std::uint32_t>((ptr - c->base) / c->slot_size);
   if (slot >= c->nslots || !c->allocated[slot]) return false;
   const std::size_t requested = c->requested[slot];
@@ -310,6 +409,71 @@ bool DevicePool::deallocate_small(Arena& a, DevPtr ptr, Stream stream, Outcome* 
   return true;
 }
 
+void DevicePool::count_arena_alloc(Arena& a, const Block* b, std::size_t requested) noexcept {
+  a.bytes_allocated.store(a.bytes_allocated.load(std::memory_order_relaxed) + b->size,
+                          std::memory_order_relaxed);
+  const int bucket = histogram_bucket(requested);
+  ++a.allocs;
+  ++a.live_blocks;
+  a.bytes_requested += requested;
+  ++a.hist_allocs[bucket];
+  ++a.hist_live[bucket];
+}
+
+bool DevicePool::take_parked(Arena& a, std::size_t size, std::size_t rounded, Stream stream,
+                             DevPtr* out, Outcome* outcome) noexcept {
+  if (a.large.parked_count() == 0) return false;
+  Block* b = a.large.take(stream, rounded);
+  if (b == nullptr) return false;
+  a.parked_bytes.store(a.large.parked_bytes(), std::memory_order_relaxed);
+  b->requested = size;
+  a.large.add_live(b);
+  count_arena_alloc(a, b, size);
+  ++a.cache_hits;
+  outcome->how = ServedBy::cache;
+  outcome->size = b->size;
+  *out = b->ptr;
+  note_peak_arena(a);
+  return true;
+}
+
+void DevicePool::park(Arena& a, Block* b, bool device_locked) noexcept {
+  Block* evicted[LargeCache::kMaxParked];
+  const std::size_t n = a.large.park(b, evicted);
+  a.parked_bytes.store(a.large.parked_bytes(), std::memory_order_relaxed);
+  if (n == 0) return;
+  std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+  if (!device_locked) lock.lock();
+  for (std::size_t i = 0; i < n; ++i) to_device_pending(evicted[i]);
+}
+
+// A block leaving an arena (unparked, or freed with cudaFree semantics) joins the fence queue with
+// the epoch of its free, and its stream's pending set: reusable by that stream at once, by any
+// once fenced, and splittable and stitchable like any pending block.
+void DevicePool::to_device_pending(Block* b) noexcept {
+  b->arena_owned = false;
+  b->state = BlockState::pending;
+  fq_push(b);
+  stats_.bytes_pending += b->size;
+  if (b->stream != kAnyStream) stream_free_[b->stream].insert(b);
+}
+
+bool DevicePool::drain_large_caches() noexcept {
+  if (config_.large_cache == 0) return false;
+  bool moved = false;
+  for (auto& a : arenas_) {
+    std::lock_guard arena_lock(a->mu);
+    Block* blocks[LargeCache::kMaxParked];
+    const std::size_t n = a->large.drain(blocks);
+    if (n == 0) continue;
+    a->parked_bytes.store(0, std::memory_order_relaxed);
+    std::lock_guard lock(mu_);
+    for (std::size_t i = 0; i < n; ++i) to_device_pending(blocks[i]);
+    moved = true;
+  }
+  return moved;
+}
+
 void DevicePool::promote_arenas(std::uint64_t epoch) noexcept {
   for (auto& a : arenas_) {
     if (!a->has_pending.load(std::memory_order_relaxed)) continue;
@@ -322,7 +486,7 @@ void DevicePool::promote_arenas(std::uint64_t epoch) noexcept {
 }
 
 bool DevicePool::drop_arena_stream_caches() noexcept {
-  bool pending = false;
+  bool pending = drain_large_caches();
   for (auto& a : arenas_) {
     std::lock_guard lock(a->mu);
     a->small.drop_stream_caches();
@@ -334,6 +498,8 @@ bool DevicePool::drop_arena_stream_caches() noexcept {
 }
 
 void DevicePool::release_arena_chunks(bool drop_stream_caches) noexcept {
+  // Parked large blocks join the fence queue first, so that the fence below covers them.
+  if (drop_stream_caches) drain_large_caches();
   std::uint64_t target;
   {
     std::lock_guard lock(mu_);
@@ -846,35 +1012,53 @@ void DevicePool::dissolve(View* v) noexcept {
 
 Status DevicePool::deallocate(DevPtr ptr, Stream stream, Outcome* outcome) noexcept {
   if (!usable_) return Status::invalid_value;
+  // This thread's arena first (its small slots and the large blocks it registered), then the
+  // device pool's live blocks (a stream-ordered free parks the block in this thread's arena:
+  // looked up with the arena's lock held, so that no drain misses it on its way), then the other
+  // arenas (frees from another thread than the allocating one).
   Arena& mine = arena_for_thread();
-  bool done = deallocate_small(mine, ptr, stream, outcome);
-  if (!done) {
-    std::lock_guard lock(mu_);
-    auto it = live_.find(ptr);
-    if (it != live_.end()) {
-      Block* b = it->second.block;
-      live_.erase(it);
-      stats_.bytes_requested -= b->requested;
-      --stats_.live_blocks;
-      --stats_.hist_live[histogram_bucket(b->requested)];
-      ++stats_.frees;
-      outcome->size = b->requested;
-      stats_.bytes_allocated -= b->size;
-      b->state = BlockState::pending;
-      b->epoch = epoch_.load();
-      b->stream = stream;
-      fq_push(b);
-      stats_.bytes_pending += b->size;
-      if (stream != kAnyStream) stream_free_[stream].insert(b);
-      done = true;
+  bool done = false, device_tried = false;
+  {
+    std::lock_guard arena_lock(mine.mu);
+    done = free_in_arena_locked(mine, ptr, stream, outcome);
+    if (!done && stream != kAnyStream && mine.large.enabled()) {
+      done = free_device_block(ptr, stream, outcome, &mine);
+      device_tried = true;
     }
   }
+  if (!done && !device_tried) done = free_device_block(ptr, stream, outcome, nullptr);
   for (std::size_t i = 0; !done && i < arenas_.size(); ++i) {
-    if (arenas_[i].get() != &mine) done = deallocate_small(*arenas_[i], ptr, stream, outcome);
+    if (arenas_[i].get() != &mine) done = free_in_arena(*arenas_[i], ptr, stream, outcome);
   }
   if (!done) return Status::invalid_value;
   if (config_.background_reclaim) reclaimer_.kick();
   return Status::ok;
+}
+
+bool DevicePool::free_device_block(DevPtr ptr, Stream stream, Outcome* outcome,
+                                   Arena* park_in) noexcept {
+  std::lock_guard lock(mu_);
+  auto it = live_.find(ptr);
+  if (it == live_.end()) return false;
+  Block* b = it->second.block;
+  live_.erase(it);
+  stats_.bytes_requested -= b->requested;
+  --stats_.live_blocks;
+  --stats_.hist_live[histogram_bucket(b->requested)];
+  ++stats_.frees;
+  outcome->size = b->requested;
+  stats_.bytes_allocated -= b->size;
+  peak_.device_allocated.store(stats_.bytes_allocated, std::memory_order_relaxed);
+  b->epoch = epoch_.load();
+  b->stream = stream;
+  if (park_in != nullptr && stream != kAnyStream && park_in->large.can_park(b->size)) {
+    b->arena_owned = true;
+    b->arena = park_in->id;
+    park(*park_in, b, true);
+  } else {
+    to_device_pending(b);
+  }
+  return true;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -932,7 +1116,7 @@ void DevicePool::drain_pending() noexcept {
 
 void DevicePool::maybe_release_locked(Outcome* outcome) noexcept {
   if (config_.release_threshold == SIZE_MAX) return;
-  if (stats_.bytes_reserved - stats_.bytes_allocated - small_allocated() >
+  if (stats_.bytes_reserved - stats_.bytes_allocated - arena_allocated() >
       config_.release_threshold) {
     trim_locked(config_.release_threshold, outcome);
   }
@@ -941,7 +1125,7 @@ void DevicePool::maybe_release_locked(Outcome* outcome) noexcept {
 std::size_t DevicePool::trim_locked(std::size_t keep, Outcome* outcome) noexcept {
   const std::size_t reserved_before = stats_.bytes_reserved;
   std::size_t handles_before = stats_.handles;
-  auto cached = [&] { return stats_.bytes_reserved - stats_.bytes_allocated - small_allocated(); };
+  auto cached = [&] { return stats_.bytes_reserved - stats_.bytes_allocated - arena_allocated(); };
   retry_teardown();
   std::erase_if(stream_free_, [](const auto& entry) { return entry.second.empty(); });
   if (cached() <= keep) return reserved_before - stats_.bytes_reserved;
@@ -1084,19 +1268,27 @@ void DevicePool::return_chunk(Block* b) noexcept {
 
 bool DevicePool::find(DevPtr ptr, BlockInfo* out) const noexcept {
   std::uint16_t arena = 0;
+  DevPtr large_base = 0;  // an arena-owned large block: its start
   {
     std::lock_guard lock(mu_);
     Block* b = block_at(ptr);
     if (b == nullptr || b->state != BlockState::allocated) return false;
-    if (!b->small_chunk) {
+    if (!b->small_chunk && !b->arena_owned) {
       if (out != nullptr) *out = BlockInfo{b->ptr, b->requested, b->size, device_, b->stream};
       return true;
     }
     arena = b->arena;
+    if (b->arena_owned) large_base = b->ptr;
   }
   if (arena >= arenas_.size()) return false;
   Arena& a = *arenas_[arena];
   std::lock_guard lock(a.mu);
+  if (large_base != 0) {  // live in the arena's table, or parked (freed) if absent
+    const Block* b = a.large.live(large_base);
+    if (b == nullptr || ptr >= b->end()) return false;
+    if (out != nullptr) *out = BlockInfo{b->ptr, b->requested, b->size, device_, b->stream};
+    return true;
+  }
   Chunk* c = a.small.chunk_of(ptr);
   if (c == nullptr) return false;
   const std::size_t slot = (ptr - c->base) / c->slot_size;
@@ -1135,7 +1327,7 @@ Status DevicePool::mem_info(std::size_t* free, std::size_t* total) noexcept {
   std::size_t headroom = stats_.bytes_reserved >= cap ? 0 : cap - stats_.bytes_reserved;
   if (free != nullptr) {
     *free = std::min(device_free, headroom) +
-            (stats_.bytes_reserved - stats_.bytes_allocated - small_allocated());
+            (stats_.bytes_reserved - stats_.bytes_allocated - arena_allocated());
   }
   if (total != nullptr) *total = std::min(device_total, cap);
   return Status::ok;
@@ -1155,22 +1347,23 @@ std::size_t DevicePool::largest_possible_locked(std::size_t device_free) const n
   std::vector<Segment> segments;
   for (Block* b : free_) lendable(b, &segments);
   for (const Segment& s : segments) lendable_bytes += s.size;
-  return std::max(largest_free, headroom + lendable_bytes + stats_.bytes_pending);
+  return std::max(largest_free, headroom + lendable_bytes + stats_.bytes_pending + parked_bytes());
 }
 
 DeviceStats DevicePool::stats() const noexcept {
   std::size_t device_free = 0, device_total = 0;
   const bool have_info = backend_.mem_info(device_, &device_free, &device_total) == Status::ok;
   DeviceStats s;
-  std::uint64_t small_bytes = 0;
+  std::uint64_t arena_bytes = 0, parked = 0;
   for (const auto& a : arenas_) {
     std::lock_guard lock(a->mu);
+    parked += a->large.parked_bytes();
     s.allocs += a->allocs;
     s.frees += a->frees;
     s.cache_hits += a->cache_hits;
     s.bytes_requested += a->bytes_requested;
     s.live_blocks += a->live_blocks;
-    small_bytes += a->bytes_allocated.load(std::memory_order_relaxed);
+    arena_bytes += a->bytes_allocated.load(std::memory_order_relaxed);
     for (int i = 0; i < kHistogramBuckets; ++i) {
       s.hist_allocs[i] += a->hist_allocs[i];
       s.hist_live[i] += a->hist_live[i];
@@ -1184,12 +1377,13 @@ DeviceStats DevicePool::stats() const noexcept {
   s.cache_hits += small.cache_hits;
   s.bytes_requested += small.bytes_requested;
   s.live_blocks += small.live_blocks;
-  s.bytes_allocated += small_bytes;
+  s.bytes_allocated += arena_bytes;
+  s.bytes_pending += parked;  // parked large blocks: freed, reusable by their stream alone
   for (int i = 0; i < kHistogramBuckets; ++i) {
     s.hist_allocs[i] += small.hist_allocs[i];
     s.hist_live[i] += small.hist_live[i];
   }
-  s.peak_allocated = std::max(s.peak_allocated, s.bytes_allocated);
+  s.peak_allocated = std::max(peak_.allocated.load(std::memory_order_relaxed), s.bytes_allocated);
   if (!have_info) device_free = last_device_free_;
   s.device_free = device_free;
   s.device_total = have_info ? device_total : total_;
@@ -1207,12 +1401,12 @@ PoolEvent DevicePool::make_event(EventKind kind, std::uint64_t size,
   e.time_ns = now_ns();
   e.size = size;
   e.device_free = last_device_free_;
-  e.cached = stats_.bytes_reserved - stats_.bytes_allocated - small_allocated();
+  e.cached = stats_.bytes_reserved - stats_.bytes_allocated - arena_allocated();
   e.largest_possible = usable_ ? largest_possible_locked(last_device_free_) : 0;
   e.pieces = pieces;
   e.fragmentation = stats_.bytes_reserved == 0
                         ? 0.0
-                        : 1.0 - static_cast<double>(stats_.bytes_allocated + small_allocated()) /
+                        : 1.0 - static_cast<double>(stats_.bytes_allocated + arena_allocated()) /
                                     static_cast<double>(stats_.bytes_reserved);
   return e;
 }

@@ -124,15 +124,29 @@ class DevicePool final : private ChunkSource {
   std::size_t release_one_locked(std::size_t wanted) noexcept;
   void maybe_release_locked(Outcome* outcome) noexcept;
 
-  // --- small objects (arena.h) ---
+  // --- small objects and the arenas' large caches (arena.h, large_cache.h) ---
   Arena& arena_for_thread() noexcept;
   Status allocate_small(std::size_t size, Stream stream, DevPtr* out, Outcome* outcome) noexcept;
-  bool deallocate_small(Arena& a, DevPtr ptr, Stream stream, Outcome* outcome) noexcept;
+  // Frees a small slot or a large block of a's live table (parking it if stream-ordered).
+  bool free_in_arena(Arena& a, DevPtr ptr, Stream stream, Outcome* outcome) noexcept;
+  bool free_in_arena_locked(Arena& a, DevPtr ptr, Stream stream, Outcome* outcome) noexcept;
+  // Frees a large block of live_ (device lock NOT held); park_in (its lock held): park it there
+  // if stream-ordered.
+  bool free_device_block(DevPtr ptr, Stream stream, Outcome* outcome, Arena* park_in) noexcept;
+  // a's lock held: a parked block of stream for the request, moved to a's live table.
+  bool take_parked(Arena& a, std::size_t size, std::size_t rounded, Stream stream, DevPtr* out,
+                   Outcome* outcome) noexcept;
+  void park(Arena& a, Block* b, bool device_locked) noexcept;  // a's lock held
+  void to_device_pending(Block* b) noexcept;  // device lock and b's arena lock (if any) held
+  bool drain_large_caches() noexcept;         // device lock NOT held; true if any moved
+  std::uint64_t parked_bytes() const noexcept;
+  void count_arena_alloc(Arena& a, const Block* b, std::size_t requested) noexcept;
   void promote_arenas(std::uint64_t epoch) noexcept;            // device lock NOT held
   void release_arena_chunks(bool drop_stream_caches) noexcept;  // device lock NOT held
-  bool drop_arena_stream_caches() noexcept;  // device lock NOT held; true if slots now wait
-  std::uint64_t small_allocated() const noexcept;
-  void note_peak() noexcept;  // lock held
+  bool drop_arena_stream_caches() noexcept;        // device lock NOT held; true if slots now wait
+  std::uint64_t arena_allocated() const noexcept;  // small slots and arena-held large blocks
+  void note_peak() noexcept;                       // lock held
+  void note_peak_arena(Arena& a) noexcept;         // a's lock held, device lock not needed
 
   // --- ChunkSource for the arenas: take the device lock themselves ---
   Block* take_chunk(std::size_t size) noexcept override;  // for the arena in tl_arena_
@@ -178,7 +192,16 @@ class DevicePool final : private ChunkSource {
   std::atomic<std::uint64_t> epoch_{1};
   std::atomic<std::uint64_t> last_fence_ns_{UINT64_MAX};  // how long the last fence waited
   std::vector<std::unique_ptr<Arena>> arenas_;
-  DeviceStats stats_;
+  DeviceStats stats_;  // its peak_allocated is unused: peak_allocated_ below
+  // Peak tracking without the device lock (arena-served large allocations): stats_'s
+  // bytes_allocated mirrored for readers without the lock, the peak, and a generation bumped at
+  // every device-path allocation (see note_peak_arena). Own cache line: read on the arena path.
+  struct alignas(64) Peak {
+    std::atomic<std::uint64_t> device_allocated{0};
+    std::atomic<std::uint64_t> allocated{0};
+    std::atomic<std::uint64_t> gen{0};
+  };
+  Peak peak_;
   std::size_t last_device_free_ = 0;
   Reclaimer reclaimer_;
 };

@@ -11,6 +11,7 @@
 // guarantees that each physical byte is reachable through at most one non-lent block.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -36,7 +37,15 @@ struct Block {
   Block* next = nullptr;
   BlockState state = BlockState::free;
   bool small_chunk = false;  // allocated to the small-object pool as a chunk
-  std::uint16_t arena = 0;   // small_chunk: the arena that owns it
+  // Held by an arena's large cache (large_cache.h): live there or parked. Written under both the
+  // arena's and the device's lock, so either lock suffices to read it.
+  bool arena_owned = false;
+  std::uint16_t arena = 0;  // small_chunk or arena_owned: the arena that owns it
+  // Parked in its arena's large cache: freed (stream-ordered), not allocated, although its state
+  // stays `allocated` (the device pool does not touch it). Set and cleared under the arena's lock;
+  // read anywhere (e.g. under the device lock, to report the block as pending).
+  std::atomic<bool> parked{false};
+  bool is_parked() const { return parked.load(std::memory_order_relaxed); }
   // allocated: what the caller asked for, and on which stream.
   std::size_t requested = 0;
   Stream stream = kAnyStream;

@@ -1,0 +1,79 @@
+// Per-arena cache of stream-ordered large frees. See large_cache.h for the design.
+#include "large_cache.h"
+
+namespace gpustitch::detail {
+
+LargeCache::LargeCache(std::size_t budget) : budget_(budget) {
+  if (enabled()) live_.reserve(64);  // no rehash while a thread keeps a few dozen blocks live
+}
+
+Block* LargeCache::remove_at(std::size_t i) noexcept {
+  Block* b = parked_[i];
+  for (std::size_t j = i + 1; j < count_; ++j) parked_[j - 1] = parked_[j];
+  parked_[--count_] = nullptr;
+  parked_bytes_ -= b->size;
+  b->parked.store(false, std::memory_order_relaxed);
+  return b;
+}
+
+Block* LargeCache::take(Stream stream, std::size_t rounded) noexcept {
+  std::size_t best = kMaxParked;
+  for (std::size_t i = count_; i-- > 0;) {  // newest first: among equals, the warmest block
+    const Block* b = parked_[i];
+    if (b->stream != stream || b->size < rounded || b->size - rounded > rounded / 8) continue;
+    if (best == kMaxParked || b->size < parked_[best]->size) best = i;
+    if (b->size == rounded) break;
+  }
+  return best == kMaxParked ? nullptr : remove_at(best);
+}
+
+std::size_t LargeCache::park(Block* b, Block** evicted) noexcept {
+  std::size_t n = 0;
+  if (count_ == kMaxParked || parked_bytes_ + b->size > budget_) {
+    // Down to half the bounds at once: one device-lock hold per kMaxParked/2 frees past the bound
+    // rather than one per free (a thread whose frees and allocations alternate at random would
+    // otherwise sit at the bound, and take the device lock on every other free).
+    while (count_ > 0 && (count_ >= kMaxParked / 2 || parked_bytes_ + b->size > budget_ / 2)) {
+      evicted[n++] = remove_at(0);
+    }
+  }
+  b->parked.store(true, std::memory_order_relaxed);
+  parked_[count_++] = b;
+  parked_bytes_ += b->size;
+  return n;
+}
+
+std::size_t LargeCache::take_larger(Stream stream, std::size_t rounded, Block** out) noexcept {
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < count_;) {
+    const Block* b = parked_[i];
+    if (b->stream == stream && b->size > rounded && b->size - rounded > rounded / 8) {
+      out[n++] = remove_at(i);
+    } else {
+      ++i;
+    }
+  }
+  return n;
+}
+
+std::size_t LargeCache::drain(Block** out) noexcept {
+  std::size_t n = 0;
+  while (count_ > 0) out[n++] = remove_at(0);
+  return n;
+}
+
+Block* LargeCache::take_live(DevPtr ptr) noexcept {
+  if (live_.empty()) return nullptr;
+  auto it = live_.find(ptr);
+  if (it == live_.end()) return nullptr;
+  Block* b = it->second;
+  live_.erase(it);
+  return b;
+}
+
+const Block* LargeCache::live(DevPtr ptr) const noexcept {
+  auto it = live_.find(ptr);
+  return it == live_.end() ? nullptr : it->second;
+}
+
+}  // namespace gpustitch::detail
