@@ -1,5 +1,6 @@
 // Randomized model-based test: thousands of mixed allocations and frees from 512 B to GiB scale
-// on a simulated device, checked after every step against a reference model.
+// on a simulated device, checked after every step against a reference model. Calls use cudaMalloc
+// semantics or one of two streams at random.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -16,6 +17,10 @@ struct Live {
   std::size_t size;
   std::uint64_t tag;
 };
+
+// cudaMalloc/cudaFree semantics and two streams (cudaMallocAsync/cudaFreeAsync: stream-ordered
+// large frees are parked in the thread's arena), drawn at random for each call.
+constexpr Stream kStreams[] = {kAnyStream, kAnyStream, 0x51, 0x52};
 
 class PoolModel : public ::testing::TestWithParam<std::tuple<bool, unsigned>> {};
 
@@ -52,7 +57,7 @@ TEST_P(PoolModel, MatchesReference) {
       std::size_t size = static_cast<std::size_t>(std::exp2(e));
       size = std::max<std::size_t>(size, 16);
       DevPtr p = 0;
-      Status s = pool.allocate(0, size, kAnyStream, &p);
+      Status s = pool.allocate(0, size, kStreams[rng() % 4], &p);
       const bool large = size >= cfg.small_limit;
       const std::size_t rounded = large ? align_up(size, 2 * MiB) : size;
       // Physical memory the model knows is in use: large blocks exactly; small objects at most
@@ -88,7 +93,7 @@ TEST_P(PoolModel, MatchesReference) {
       auto it = live.begin();
       std::advance(it, rng() % live.size());
       ASSERT_TRUE(tag_ok(it->first, it->second)) << "bytes lost before free at step " << step;
-      ASSERT_EQ(pool.deallocate(it->first), Status::ok);
+      ASSERT_EQ(pool.deallocate(it->first, kStreams[rng() % 4]), Status::ok);
       const std::size_t size = it->second.size;
       if (size >= cfg.small_limit) {
         large_rounded -= align_up(size, 2 * MiB);
@@ -111,6 +116,8 @@ TEST_P(PoolModel, MatchesReference) {
     ASSERT_LE(st.bytes_reserved, capacity);
     ASSERT_EQ(st.bytes_reserved, dev.sim->used(0)) << "pool and device disagree on memory held";
     ASSERT_GE(st.bytes_allocated, large_rounded + small_bytes);
+    ASSERT_EQ(st.bytes_cached, st.bytes_reserved - st.bytes_allocated);
+    ASSERT_GE(st.peak_allocated, st.bytes_allocated);
     if (step % 250 == 0) {
       for (auto& [p, l] : live) ASSERT_TRUE(tag_ok(p, l)) << "bytes lost at step " << step;
     }
