@@ -36,8 +36,8 @@ struct Config {
   // Frees wait for device work on a background thread (thread), or only when an allocation
   // needs their memory (inline: deterministic, for tests and replay).
   bool background_reclaim = true;  // reclaim:thread|inline
-  // Large blocks freed on a stream (cudaFreeAsync) are kept, up to this many bytes (and 8 blocks)
-  // per thread arena, for the same stream to reuse without the device lock. 0 = off.
+  // Large blocks freed on a stream (cudaFreeAsync) are kept, up to this many bytes (and 32
+  // blocks) per thread arena, for the same stream to reuse without the device lock. 0 = off.
   std::size_t large_cache = 256 * MiB;  // large_cache_mb
   // --- simulated backend --------------------------------------------------------------------
   std::size_t sim_capacity = 80 * GiB;    // sim_capacity_mb
