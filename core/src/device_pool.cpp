@@ -289,7 +289,8 @@ Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
 
 void DevicePool::note_peak() noexcept {
   atomic_max(peak_.allocated, stats_.bytes_allocated + arena_allocated());
-  peak_.gen.fetch_add(1, std::memory_order_relaxed);
+  // Written under the device lock only: a plain increment, no locked instruction.
+  peak_.gen.store(peak_.gen.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
 }
 
 // An arena-served allocation adds to the total without the device lock. Summing every arena's
