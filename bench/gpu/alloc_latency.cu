@@ -150,26 +150,40 @@ double cuda_malloc_us(std::size_t size, int reps) {
   return summarize(t).median;
 }
 
+// Times one allocation of size from pool and checks that it was served the way the row measures
+// (counter: the statistic that must grow, e.g. fresh or stitches), then gives the memory back to
+// the driver so that the next repetition starts from the same state. False (and row.note set) if
+// the allocation failed or was served another way.
+bool time_one_allocation(gpustitch::Pool& pool, std::size_t size,
+                         std::uint64_t gpustitch::DeviceStats::*counter, const char* expected,
+                         LargeRow* row, std::vector<double>* t) {
+  const auto before = pool.stats(0);
+  DevPtr p = 0;
+  const auto t0 = Clock::now();
+  const auto st = pool.allocate(0, size, gpustitch::kAnyStream, &p);
+  const double us = ns_between(t0, Clock::now()) / 1000;
+  if (st != gpustitch::Status::ok) {
+    row->note = std::string("allocate: ") + gpustitch::to_string(st);
+    return false;
+  }
+  if (pool.stats(0).*counter == before.*counter) row->note = expected;
+  t->push_back(us);
+  pool.deallocate(p);
+  pool.drain_pending(0);
+  pool.trim(0);
+  return true;
+}
+
 // One fresh allocation of size from an empty pool.
 LargeRow pool_fresh(gpustitch::Backend& backend, std::size_t size, int reps) {
   LargeRow row{"pool, fresh (one new handle)", size};
   std::vector<double> t;
   gpustitch::Pool pool(backend, gpustitch::Config{});
   for (int r = 0; r < reps; ++r) {
-    const auto before = pool.stats(0);
-    DevPtr p = 0;
-    const auto t0 = Clock::now();
-    const auto st = pool.allocate(0, size, gpustitch::kAnyStream, &p);
-    const double us = ns_between(t0, Clock::now()) / 1000;
-    if (st != gpustitch::Status::ok) {
-      row.note = std::string("allocate: ") + gpustitch::to_string(st);
+    if (!time_one_allocation(pool, size, &gpustitch::DeviceStats::fresh, "not served fresh", &row,
+                             &t)) {
       return row;
     }
-    if (pool.stats(0).fresh == before.fresh) row.note = "not served fresh";
-    t.push_back(us);
-    pool.deallocate(p);
-    pool.drain_pending(0);
-    pool.trim(0);
   }
   row.pool_us = summarize(t).median;
   row.ok = row.note.empty();
@@ -196,20 +210,10 @@ LargeRow pool_stitched(gpustitch::Backend& backend, std::size_t size, std::size_
     }
     for (DevPtr p : pieces) pool.deallocate(p);
     pool.drain_pending(0);
-    const auto before = pool.stats(0);
-    DevPtr p = 0;
-    const auto t0 = Clock::now();
-    const auto st = pool.allocate(0, size, gpustitch::kAnyStream, &p);
-    const double us = ns_between(t0, Clock::now()) / 1000;
-    if (st != gpustitch::Status::ok) {
-      row.note = std::string("allocate: ") + gpustitch::to_string(st);
+    if (!time_one_allocation(pool, size, &gpustitch::DeviceStats::stitches,
+                             "not served by a stitch", &row, &t)) {
       return row;
     }
-    if (pool.stats(0).stitches == before.stitches) row.note = "not served by a stitch";
-    t.push_back(us);
-    pool.deallocate(p);
-    pool.drain_pending(0);
-    pool.trim(0);
   }
   row.pool_us = summarize(t).median;
   row.ok = row.note.empty();

@@ -708,6 +708,7 @@ Status DevicePool::create_fresh(std::size_t rounded, Block** out) noexcept {
   b->state = BlockState::allocated;
   view->first = b;
   views_.emplace(va, view);
+  filter_.add(va, rounded);
   stats_.bytes_reserved += rounded;
   stats_.bytes_mapped += rounded;
   stats_.handles += handles.size();
@@ -871,6 +872,7 @@ Status DevicePool::stitch(std::size_t rounded, Block** out, std::size_t* pieces,
     free_.insert(surplus);
   }
   views_.emplace(va, view);
+  filter_.add(va, total);
   stats_.bytes_mapped += total;
   ++stats_.views;
   if (extra_handle != nullptr) {
@@ -980,6 +982,7 @@ void DevicePool::destroy_view(View* v) noexcept {
   stats_.bytes_mapped -= v->size;
   --stats_.views;
   delete v->first;
+  filter_.remove(v->base, v->size);
   views_.erase(v->base);
   delete v;
 }
@@ -1012,7 +1015,7 @@ void DevicePool::dissolve(View* v) noexcept {
 // Free
 
 Status DevicePool::deallocate(DevPtr ptr, Stream stream, Outcome* outcome) noexcept {
-  if (!usable_) return Status::invalid_value;
+  if (!usable_ || !filter_.may_contain(ptr)) return Status::invalid_value;
   // This thread's arena first (its small slots and the large blocks it registered), then the
   // device pool's live blocks (a stream-ordered free parks the block in this thread's arena:
   // looked up with the arena's lock held, so that no drain misses it on its way), then the other
@@ -1268,6 +1271,7 @@ void DevicePool::return_chunk(Block* b) noexcept {
 // Queries
 
 bool DevicePool::find(DevPtr ptr, BlockInfo* out) const noexcept {
+  if (!filter_.may_contain(ptr)) return false;  // not the pool's: no lock
   std::uint16_t arena = 0;
   DevPtr large_base = 0;  // an arena-owned large block: its start
   {

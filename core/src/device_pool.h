@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "address_filter.h"
 #include "arena.h"
 #include "gpustitch/backend.h"
 #include "gpustitch/config.h"
@@ -56,6 +57,7 @@ class DevicePool final : private ChunkSource {
   Status grant_peer_access(int peer) noexcept;
   Status mem_info(std::size_t* free, std::size_t* total) noexcept;
   DeviceStats stats() const noexcept;
+  Status memory_map(std::vector<MappedSegment>* out) const noexcept;  // memory_map.cpp
   void drain_pending() noexcept;
 
   void lock() noexcept { mu_.lock(); }
@@ -171,6 +173,7 @@ class DevicePool final : private ChunkSource {
   std::vector<int> access_;  // this device and its peers
 
   std::map<DevPtr, View*> views_;
+  AddressFilter filter_;  // the address regions views_ covers, readable without mu_
   // Teardown calls the driver refused in destroy_view (unmap, unreserve, release): kept and
   // retried at every trim and at destruction, so that nothing leaks and bytes_reserved keeps
   // counting the handles the device still holds.

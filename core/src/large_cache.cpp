@@ -62,6 +62,13 @@ std::size_t LargeCache::drain(Block** out) noexcept {
   return n;
 }
 
+const Block* LargeCache::parked(DevPtr ptr) const noexcept {
+  for (std::size_t i = 0; i < count_; ++i) {
+    if (parked_[i]->ptr == ptr) return parked_[i];
+  }
+  return nullptr;
+}
+
 Block* LargeCache::take_live(DevPtr ptr) noexcept {
   if (live_.empty()) return nullptr;
   auto it = live_.find(ptr);

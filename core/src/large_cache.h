@@ -69,6 +69,8 @@ class LargeCache {
   std::size_t take_larger(Stream stream, std::size_t rounded, Block** out) noexcept;
   // Takes every parked block, oldest first (room for kMaxParked); returns their number.
   std::size_t drain(Block** out) noexcept;
+  // The parked block starting at ptr; nullptr if none (memory snapshots).
+  const Block* parked(DevPtr ptr) const noexcept;
   std::size_t parked_bytes() const { return parked_bytes_; }
   std::size_t parked_count() const { return count_; }
 

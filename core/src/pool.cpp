@@ -111,6 +111,12 @@ DeviceStats Pool::stats(int device) const noexcept {
   return dp == nullptr ? DeviceStats{} : dp->stats();
 }
 
+Status Pool::memory_map(int device, std::vector<MappedSegment>* out) const noexcept {
+  DevicePool* dp = this->device(device);
+  if (dp == nullptr) return Status::invalid_device;
+  return out == nullptr ? Status::invalid_value : dp->memory_map(out);
+}
+
 void Pool::drain_pending(int device) noexcept {
   if (DevicePool* dp = this->device(device)) dp->drain_pending();
 }

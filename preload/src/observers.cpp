@@ -12,6 +12,8 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <new>
 
 #include "coop.h"
 #include "gpustitch/shm/publisher.h"
@@ -26,7 +28,7 @@ namespace {
 // observers live until the process ends (CUDA's own teardown may still free memory at exit).
 std::atomic<shm::StatsPublisher*> g_publisher{nullptr};
 std::atomic<sites::SiteSampler*> g_sites{nullptr};
-std::atomic<trace::LiveBlockTable*> g_live{nullptr};
+std::atomic<Pool*> g_snapshot_pool{nullptr};
 
 // The record's site table from the sampler's top sites.
 void publish_sites(shm::StatsPublisher& publisher, sites::SiteSampler& sampler) {
@@ -68,11 +70,31 @@ std::string record_prefix(spdlog::logger& log) {
   return std::string(shm::kDefaultPrefix);
 }
 
+// For `gpustitch snapshot PID` (PyTorch memory_viz format): the pool's memory map, with the stacks
+// of live blocks when sites are sampled. Built only when asked for; nothing on the allocation path
+// keeps it.
+trace::SnapshotData snapshot_of(const Pool& pool) {
+  std::vector<MappedSegment> segments;
+  for (int d = 0; d < pool.device_count(); ++d) {
+    if (pool.memory_map(d, &segments) == Status::out_of_memory) throw std::bad_alloc();
+  }
+  std::function<std::vector<trace::SnapshotFrame>(DevPtr)> frames;
+  if (g_sites.load() != nullptr) {
+    frames = [](DevPtr p) {
+      std::vector<trace::SnapshotFrame> out;
+      if (sites::SiteSampler* s = g_sites.load()) {
+        for (const auto& f : s->frames_of(p)) out.push_back({f.library, 0, f.function});
+      }
+      return out;
+    };
+  }
+  return trace::build_snapshot_from_segments(segments, pool.device_count(), frames);
+}
+
 // Once per statistics interval, on the publisher's thread.
 void on_publisher_tick() {
-  if (trace::LiveBlockTable* live = g_live.load()) {
-    trace::SnapshotRequests::poll(
-        [live] { return trace::build_snapshot(live->blocks(), live->device_count()); });
+  if (const Pool* pool = g_snapshot_pool.load()) {
+    trace::SnapshotRequests::poll([pool] { return snapshot_of(*pool); });
   }
   shm::StatsPublisher* publisher = g_publisher.load();
   sites::SiteSampler* sampler = g_sites.load();
@@ -93,22 +115,6 @@ void add_configured_observers(const Config& config, Pool& pool, ObserverFanout& 
     g_sites.store(sampler.get());
     fanout.add(std::move(sampler));
   }
-  // Live blocks, for `gpustitch snapshot PID` (PyTorch memory_viz format), with their stacks when
-  // sites are sampled.
-  trace::LiveBlockTable::FramesFor frames;
-  if (g_sites.load() != nullptr) {
-    frames = [](DevPtr p) {
-      std::vector<trace::SnapshotFrame> out;
-      if (sites::SiteSampler* s = g_sites.load()) {
-        for (const auto& f : s->frames_of(p)) out.push_back({f.library, 0, f.function});
-      }
-      return out;
-    };
-  }
-  auto table = std::make_unique<trace::LiveBlockTable>(std::move(frames));
-  g_live.store(table.get());
-  fanout.add(std::move(table));
-
   // Shared-memory statistics for gpustitchd and `gpustitch ps/top/show`.
   if (config.publish) {
     shm::PublisherOptions options;
@@ -128,6 +134,7 @@ void add_configured_observers(const Config& config, Pool& pool, ObserverFanout& 
         publisher->set_device_uuid(d, raw);
       }
       g_publisher.store(publisher.get());
+      g_snapshot_pool.store(&pool);  // snapshots are served on the publisher's thread
       fanout.add(std::move(publisher));
     }
   }

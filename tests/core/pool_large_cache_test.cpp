@@ -24,12 +24,6 @@ using namespace gpustitch;
 
 namespace {
 
-Config inline_config() {
-  Config c;
-  c.background_reclaim = false;  // deterministic fencing
-  return c;
-}
-
 void stamp(TestDevice& d, DevPtr p, std::size_t size, std::uint64_t tag) {
   for (std::size_t off : {std::size_t{0}, size / 2 / 8 * 8, size - 8}) d.write(p + off, &tag, 8);
 }

@@ -11,12 +11,6 @@ using namespace gpustitch;
 
 namespace {
 
-Config inline_config() {
-  Config c;
-  c.background_reclaim = false;  // deterministic fencing
-  return c;
-}
-
 struct TrimCounter : PoolObserver {
   std::vector<PoolEvent> trims;
   void on_event(const PoolEvent& e) noexcept override {

@@ -18,12 +18,6 @@ using namespace gpustitch;
 
 namespace {
 
-Config inline_config() {
-  Config c;
-  c.background_reclaim = false;  // deterministic fencing
-  return c;
-}
-
 // Writes an 8-byte tag at the start, the middle and the end of [p, p+size).
 void stamp(TestDevice& d, DevPtr p, std::size_t size, std::uint64_t tag) {
   for (std::size_t off : {std::size_t{0}, size / 2 / 8 * 8, size - 8}) d.write(p + off, &tag, 8);
@@ -206,6 +200,37 @@ TEST(Pool, FindAnswersForInteriorPointers) {
   EXPECT_FALSE(pool.find(0x10));
   ASSERT_EQ(pool.deallocate(big), Status::ok);
   EXPECT_FALSE(pool.find(big));
+}
+
+// Lookups of memory the pool does not own skip its locks (a per-region filter): they must still
+// say no for every address outside a live block, before and after the pool releases a range,
+// and yes for every pointer inside one.
+TEST(Pool, FindAndFreeOfAddressesOutsideThePool) {
+  TestDevice dev = make_test_device();
+  Pool pool(*dev.backend, inline_config());
+  DevPtr a = 0, b = 0;
+  ASSERT_EQ(pool.allocate(0, 6 * MiB, kAnyStream, &a), Status::ok);
+  ASSERT_EQ(pool.allocate(0, 6 * MiB, kAnyStream, &b), Status::ok);
+  // Just past the ends of the block: same filter region, not the pool's.
+  EXPECT_FALSE(pool.find(a - 1));
+  EXPECT_FALSE(pool.find(b + 6 * MiB + 4096));
+  EXPECT_EQ(pool.deallocate(a + 6 * MiB + 4096), Status::invalid_value);
+  // 512 GiB away: the filter's table wraps there, so this shares a counter with a.
+  EXPECT_FALSE(pool.find(a + 512 * GiB));
+  EXPECT_EQ(pool.deallocate(a + 512 * GiB), Status::invalid_value);
+  for (DevPtr p = a; p < a + 6 * MiB; p += 1 * MiB) EXPECT_TRUE(pool.find(p));
+  // Released back to the driver: the range is nobody's now.
+  ASSERT_EQ(pool.deallocate(a), Status::ok);
+  ASSERT_EQ(pool.deallocate(b), Status::ok);
+  pool.trim(0);
+  EXPECT_EQ(pool.stats(0).bytes_reserved, 0u);
+  EXPECT_FALSE(pool.find(a));
+  EXPECT_FALSE(pool.find(b + 1));
+  EXPECT_EQ(pool.deallocate(b), Status::invalid_value);
+  // And a new range there is found again.
+  DevPtr c = 0;
+  ASSERT_EQ(pool.allocate(0, 6 * MiB, kAnyStream, &c), Status::ok);
+  EXPECT_TRUE(pool.find(c + 3 * MiB));
 }
 
 TEST(Pool, InvalidDeviceAndNullOutput) {

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "gpustitch/backend.h"
+#include "gpustitch/config.h"
 #include "gpustitch/sim_backend.h"
 
 struct TestDevice {
@@ -18,3 +19,11 @@ struct TestDevice {
 };
 // GPUSTITCH_TEST_BACKEND=cuda selects the CUDA backend; otherwise sim with these options.
 TestDevice make_test_device(const gpustitch::SimOptions& sim_options = {});
+
+// A pool configuration whose frees are fenced only when the pool needs memory or a test drains
+// them (no reclaimer thread), so that which blocks are cached is deterministic.
+inline gpustitch::Config inline_config() {
+  gpustitch::Config c;
+  c.background_reclaim = false;
+  return c;
+}

@@ -220,16 +220,34 @@ TEST(Coop, AnAskerThatOptedOutDoesNotAsk) {
   EXPECT_EQ(field(a.cmd("events"), "give"), 0);
 }
 
+// A holder process ready to be sent raw requests: its cache filled and published, its start time
+// (which requests must name) and a socket to send from.
+struct Target {
+  explicit Target(Peer& peer) {
+    fill_holder(peer);
+    counters = wait_for_cached(peer.pid(), 384 * MiB_);
+    start = shm::process_start_time(peer.pid());
+    sock = coop::Socket::ephemeral();
+    why = !counters ? "the holder's cache was never published"
+          : !start  ? "no start time for the holder"
+          : !sock   ? "no socket"
+                    : "";
+  }
+  bool ready() const { return why.empty(); }
+  decltype(wait_for_cached(0, 0)) counters;
+  decltype(shm::process_start_time(0)) start;
+  decltype(coop::Socket::ephemeral()) sock;
+  std::string why;
+};
+
 TEST(Coop, AFloodOfRequestsIsRateLimited) {
   Device dev;
   Peer a(dev.conf("coop_rate:2"));
-  fill_holder(a);
-  auto counters = wait_for_cached(a.pid(), 384 * MiB_);
-  ASSERT_TRUE(counters);
-  auto start = shm::process_start_time(a.pid());
-  ASSERT_TRUE(start);
-  auto sock = coop::Socket::ephemeral();
-  ASSERT_TRUE(sock);
+  Target t(a);
+  ASSERT_TRUE(t.ready()) << t.why;
+  const auto& counters = t.counters;
+  const auto& start = t.start;
+  auto& sock = t.sock;
   constexpr int kFlood = 50;
   const auto t0 = std::chrono::steady_clock::now();
   int ok = 0, limited = 0, replies = 0;
@@ -278,13 +296,11 @@ TEST(Coop, AFloodOfRequestsIsRateLimited) {
 TEST(Coop, HostileRequestsCannotFreeLiveMemoryOrCrashTheProcess) {
   Device dev;
   Peer a(dev.conf());
-  fill_holder(a);
-  auto counters = wait_for_cached(a.pid(), 384 * MiB_);
-  ASSERT_TRUE(counters);
-  auto start = shm::process_start_time(a.pid());
-  ASSERT_TRUE(start);
-  auto sock = coop::Socket::ephemeral();
-  ASSERT_TRUE(sock);
+  Target t(a);
+  ASSERT_TRUE(t.ready()) << t.why;
+  const auto& counters = t.counters;
+  const auto& start = t.start;
+  auto& sock = t.sock;
   // Garbage of every length, a valid header with bad fields, oversized datagrams.
   std::mt19937 rng(7);
   int sent = 0;

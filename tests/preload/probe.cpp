@@ -2,9 +2,13 @@
 // shared runtime and prints what happened as key=value pairs on stdout. The tests run it under
 // different environments (no driver, configuration variants) and read its output and stderr.
 #include <dlfcn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "cuda_decls.h"
 #include "shim_api.h"
@@ -36,9 +40,35 @@ int pluggable(const char* library) {
   return 0;
 }
 
+// `gpustitch snapshot` of this very process while it holds memory: a live 3 MiB block, a live
+// 4 KiB one, and a freed 8 MiB one the pool keeps cached. Runs CLI (without the preload) and
+// prints its exit status.
+int snapshot(const char* cli, const char* out) {
+  cudaSetDevice(0);
+  void *large = nullptr, *small = nullptr, *cached = nullptr;
+  int rc = cudaMalloc(&large, 3 << 20) | cudaMalloc(&small, 4096) | cudaMalloc(&cached, 8 << 20);
+  if (rc == 0) rc = cudaFree(cached);
+  std::printf("alloc_rc=%d large=%p small=%p\n", rc, large, small);
+  std::fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    unsetenv("LD_PRELOAD");
+    std::string self = std::to_string(getppid());
+    execl(cli, cli, "snapshot", self.c_str(), "-o", out, static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  std::printf("snapshot_rc=%d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  cudaFree(large);
+  cudaFree(small);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const char* action = argc > 1 ? argv[1] : "alloc";
   if (std::strcmp(action, "pluggable") == 0 && argc > 2) return pluggable(argv[2]);
+  if (std::strcmp(action, "snapshot") == 0 && argc > 3) return snapshot(argv[2], argv[3]);
   if (std::strcmp(action, "alloc") != 0) return 2;
   cudaSetDevice(0);
   void* libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);  // loaded by the runtime

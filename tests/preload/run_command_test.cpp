@@ -2,6 +2,10 @@
 // through), and end to end that the program really runs with the pool.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "subprocess.h"
@@ -68,6 +72,29 @@ TEST(RunCommand, TheProgramRunsWithThePool) {
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("active=1 malloc_rc=0 owned=1"), std::string::npos) << r.out;
   EXPECT_NE(r.err.find("gpustitch: summary device 0: allocs 2,"), std::string::npos) << r.err;
+}
+
+// `gpustitch snapshot PID` of a running program: the pickle holds its live blocks (exact address
+// and size asked for) and the memory the pool keeps cached, as PyTorch's memory_viz reads it.
+TEST(RunCommand, SnapshotOfARunningProgramShowsItsLiveAndCachedMemory) {
+  char dir[] = "/tmp/gpustitch-snapshot-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string out = std::string(dir) + "/snap.pickle";
+  Result r = subprocess::run({GPUSTITCH_CLI, "run", "--conf", "backend:sim,publish_interval_ms:20",
+                              "--", PROBE_PATH, "snapshot", GPUSTITCH_CLI, out},
+                             {kLibPath, std::string("XDG_RUNTIME_DIR=") + dir,
+                              "GPUSTITCH_SHM_PREFIX=snaptest" + std::to_string(getpid())});
+  ASSERT_EQ(r.status, 0) << r.err;
+  ASSERT_NE(r.out.find("alloc_rc=0"), std::string::npos) << r.out;
+  ASSERT_NE(r.out.find("snapshot_rc=0"), std::string::npos) << r.out << r.err;
+  Result check =
+      subprocess::run({GPUSTITCH_PYTHON3, GPUSTITCH_SNAPSHOT_CHECK, "snapshot", out}, {});
+  ASSERT_EQ(check.status, 0) << check.out << check.err;
+  auto j = nlohmann::json::parse(check.out);
+  EXPECT_EQ(j["blocks"], 2);                    // the live ones
+  EXPECT_EQ(j["allocated"], (4 << 20) + 4096);  // 3 MiB rounded to the 2 MiB granularity
+  EXPECT_GE(j["segments"].get<int>(), 3);       // the 3 MiB, the small chunk, the cached 8 MiB
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // gpustitch snapshot PID -o FILE.pickle: asks a process running under gpustitch for a PyTorch
-// memory snapshot (the pickle pytorch.org/memory_viz reads) of its live device memory.
+// memory snapshot (the pickle pytorch.org/memory_viz reads) of its device memory: live, cached and
+// waiting for reuse, segment by segment as the pool maps it.
 // gpustitch snapshot --trace TRACE [--at N] -o FILE.pickle: the same from a recorded trace, with
 // the allocation timeline (device_traces) for memory_viz's timeline views.
 // The request channel is described in shared/trace/include/gpustitch/trace/snapshot.h.

@@ -8,6 +8,7 @@
 
 #include "gpustitch/backend.h"
 #include "gpustitch/config.h"
+#include "gpustitch/memory_map.h"
 #include "gpustitch/stats.h"
 #include "gpustitch/types.h"
 
@@ -78,6 +79,11 @@ class Pool {
 
   // Snapshot of device's statistics (refreshes device_free/largest_possible).
   DeviceStats stats(int device) const noexcept;
+
+  // Appends device's mapped ranges and their blocks to *out (memory_map.h), for memory snapshots.
+  // Takes each lock once, briefly; off every allocation path. Returns invalid_device, or
+  // out_of_memory when host memory for the copy runs out (*out then holds what was copied).
+  Status memory_map(int device, std::vector<MappedSegment>* out) const noexcept;
 
   // Waits until every pending free has been fenced and is reusable (tests, trim, shutdown).
   void drain_pending(int device) noexcept;

@@ -88,7 +88,7 @@ SnapshotData build_snapshot(const std::vector<LiveBlock>& blocks, int device_cou
 }
 
 SnapshotData build_snapshot_from_segments(
-    const std::vector<PoolSegmentView>& segments, int device_count,
+    const std::vector<MappedSegment>& segments, int device_count,
     const std::function<std::vector<SnapshotFrame>(DevPtr)>& frames_for) {
   SnapshotData data;
   int devices = std::max(device_count, 1);
@@ -107,29 +107,29 @@ SnapshotData build_snapshot_from_segments(
       blk.address = b.ptr;
       blk.size = b.size;
       switch (b.state) {
-        case PoolBlockView::State::live:
+        case MappedBlock::State::live:
           blk.state = "active_allocated";
           break;
-        case PoolBlockView::State::pending:
+        case MappedBlock::State::pending:
           blk.state = "active_awaiting_free";
           break;
-        case PoolBlockView::State::free:
+        case MappedBlock::State::free:
           blk.state = "inactive";
           break;
       }
-      if (b.state != PoolBlockView::State::free) {
+      if (b.state != MappedBlock::State::free) {
         blk.requested_size = b.requested;
         seg.active_size += b.size;
         if (b.size > 1 * MiB) all_small = false;
       }
-      if (b.state == PoolBlockView::State::live) {
+      if (b.state == MappedBlock::State::live) {
         seg.allocated_size += b.size;
         seg.requested_size += b.requested;
         if (frames_for) blk.frames = frames_for(b.ptr);
       }
       seg.blocks.push_back(std::move(blk));
     }
-    seg.segment_type = all_small && s.size <= 2 * MiB ? "small" : "large";
+    seg.segment_type = s.small || (all_small && s.size <= 2 * MiB) ? "small" : "large";
     data.segments.push_back(std::move(seg));
   }
   return data;
@@ -294,52 +294,6 @@ bool write_pytorch_snapshot(const SnapshotData& data, const std::string& path, s
   return true;
 }
 
-// --- LiveBlockTable --------------------------------------------------------------------------
-
-void LiveBlockTable::on_allocate(int device, DevPtr ptr, std::size_t size, Stream stream,
-                                 ServedBy how) noexcept {
-  try {
-    Shard& s = shard(ptr);
-    std::lock_guard lock(s.mu);
-    s.live[ptr] = Entry{size, device, stream, how};
-  } catch (...) {
-    // Out of host memory: the block is missing from snapshots, the program is unaffected.
-  }
-  int seen = max_device_.load(std::memory_order_relaxed);
-  while (device > seen && !max_device_.compare_exchange_weak(seen, device)) {
-  }
-}
-
-void LiveBlockTable::on_free(int, DevPtr ptr, std::size_t, Stream) noexcept {
-  Shard& s = shard(ptr);
-  std::lock_guard lock(s.mu);
-  s.live.erase(ptr);
-}
-
-std::vector<LiveBlock> LiveBlockTable::blocks() const {
-  std::vector<LiveBlock> out;
-  for (auto& s : shards_) {
-    std::lock_guard lock(s.mu);
-    for (const auto& [ptr, e] : s.live) {
-      LiveBlock b;
-      b.ptr = ptr;
-      b.size = e.size;
-      b.device = e.device;
-      b.stream = e.stream;
-      b.served_by = e.served_by;
-      out.push_back(std::move(b));
-    }
-  }
-  if (frames_for_) {
-    for (auto& b : out) b.frames = frames_for_(b.ptr);
-  }
-  return out;
-}
-
-int LiveBlockTable::device_count() const noexcept {
-  return max_device_.load() + 1;
-}
-
 // --- SnapshotRequests ------------------------------------------------------------------------
 
 namespace {
@@ -445,7 +399,11 @@ bool SnapshotRequests::poll(const std::function<SnapshotData()>& make_data) noex
     if (!have || out.empty() || out[0] != '/') {
       why = "error: the request holds no absolute output path";
     } else {
-      ok = write_pytorch_snapshot(make_data(), out, &why);
+      try {
+        ok = write_pytorch_snapshot(make_data(), out, &why);
+      } catch (const std::exception& e) {
+        why = e.what();  // e.g. out of host memory: the requester is told, not left waiting
+      }
       if (!ok) why = "error: " + why;
     }
     write_small_file(base + ".done", ok ? "ok" : why);

@@ -191,15 +191,14 @@ TEST(SnapshotRequests, AProcessAnswersARequestThroughItsPollingThread) {
   mkdir(runtime.c_str(), 0700);
   setenv("XDG_RUNTIME_DIR", runtime.c_str(), 1);
 
-  LiveBlockTable table;
-  table.on_allocate(0, 0x7f0000000000, 6 * MiB, kAnyStream, ServedBy::fresh);
-  table.on_allocate(0, 0x7f0000600000, 1 * MiB, kAnyStream, ServedBy::fresh);
-  table.on_free(0, 0x7f0000600000, 1 * MiB, kAnyStream);
+  std::vector<LiveBlock> blocks(1);
+  blocks[0].ptr = 0x7f0000000000;
+  blocks[0].size = 6 * MiB;
   std::atomic<bool> stop{false};
   std::atomic<int> served{0};
   std::thread publisher([&] {
     while (!stop) {
-      if (SnapshotRequests::poll([&] { return build_snapshot(table.blocks(), 1); })) ++served;
+      if (SnapshotRequests::poll([&] { return build_snapshot(blocks, 1); })) ++served;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   });
@@ -223,14 +222,14 @@ TEST(SnapshotRequests, AProcessAnswersARequestThroughItsPollingThread) {
 
 TEST(Snapshot, PoolSegmentsKeepFreeAndPendingBlocks) {
   REQUIRE_PYTHON();
-  using State = PoolBlockView::State;
+  using State = MappedBlock::State;
   const DevPtr base = 0x7f0000000000ull;
-  PoolSegmentView seg;
+  MappedSegment seg;
   seg.base = base;
   seg.size = 64 * MiB;
   seg.stitched = true;
   seg.blocks = {{base, 16 * MiB, 15 * MiB, State::live},
-                {base + 16 * MiB, 8 * MiB, 8 * MiB, State::pending},
+                {base + 16 * MiB, 8 * MiB, 0, State::pending},
                 {base + 24 * MiB, 40 * MiB, 0, State::free}};
   SnapshotData data = build_snapshot_from_segments({seg}, 1, [](DevPtr) {
     return std::vector<SnapshotFrame>{{"libx.so", 0, "f()"}};

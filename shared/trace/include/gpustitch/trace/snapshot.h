@@ -2,15 +2,16 @@
 // pytorch.org/memory_viz reads) for any program running under gpustitch.
 //
 // Three pieces:
-//   - LiveBlockTable (a PoolObserver): the live allocations of the process, with the site
-//     sampler's stack when one was captured.
-//   - build_snapshot(): live blocks -> PyTorch's structure. The pool's own segment list is not
-//     part of the observer interface, so segments are derived: each run of granularity-aligned
-//     pages touched by live blocks becomes one segment ("large"; "small" when it only holds blocks
-//     <= 1 MiB), the gaps between blocks are "inactive" blocks. Cached memory that holds no live
-//     block is not shown (the pool reports it as reserved-but-free in its statistics).
+//   - build_snapshot_from_segments(): the pool's memory map (Pool::memory_map, memory_map.h) ->
+//     PyTorch's structure. Segments are the pool's real ranges; cached memory shows up as
+//     inactive blocks, memory waiting for its fence as active_awaiting_free. This is what a
+//     running process writes for `gpustitch snapshot PID`.
+//   - build_snapshot(): a list of live blocks -> PyTorch's structure, for recorded traces, where
+//     the pool's ranges are not known: each run of granularity-aligned pages touched by live
+//     blocks becomes one segment ("large"; "small" when it only holds blocks <= 1 MiB), the gaps
+//     between blocks are "inactive" blocks.
 //   - write_pytorch_snapshot(): pickles the structure (protocol 2, see pickle_writer.h).
-// snapshot_from_trace() builds the same structure from a recorded trace, with device_traces
+// snapshot_from_trace() builds the structure from a recorded trace, with device_traces
 // (alloc / free_requested / free_completed entries) so memory_viz's timeline tabs work too.
 //
 // Requesting a snapshot from another process (SnapshotRequests): a file-based rendezvous in a
@@ -23,15 +24,12 @@
 // honours requests in a directory it owns that no one else can write.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
-#include <memory_resource>
-#include <mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
+#include "gpustitch/memory_map.h"
 #include "gpustitch/stats.h"
 #include "gpustitch/trace/trace_reader.h"
 #include "gpustitch/types.h"
@@ -94,25 +92,10 @@ std::uint64_t snapshot_stream(Stream s) noexcept;
 SnapshotData build_snapshot(const std::vector<LiveBlock>& blocks, int device_count,
                             std::size_t granularity = 2 * MiB);
 
-// The pool's own view of its memory, for when the core can enumerate it (a mapped range and the
-// blocks in it, free ones included). Preferred over build_snapshot(): cached memory shows up as
-// inactive blocks and segments are the pool's real ranges.
-struct PoolBlockView {
-  DevPtr ptr = 0;
-  std::size_t size = 0;       // bytes the block spans
-  std::size_t requested = 0;  // bytes asked for (live blocks)
-  enum class State : std::uint8_t { live, free, pending } state = State::free;
-};
-struct PoolSegmentView {
-  int device = 0;
-  DevPtr base = 0;
-  std::size_t size = 0;
-  bool stitched = false;
-  Stream stream = kAnyStream;
-  std::vector<PoolBlockView> blocks;  // in address order, covering [base, base+size)
-};
+// The pool's memory map (Pool::memory_map of each device) -> PyTorch's structure. frames_for, if
+// set, gives the stack recorded for a live block's address (the allocation-site sampler's).
 SnapshotData build_snapshot_from_segments(
-    const std::vector<PoolSegmentView>& segments, int device_count,
+    const std::vector<MappedSegment>& segments, int device_count,
     const std::function<std::vector<SnapshotFrame>(DevPtr)>& frames_for = nullptr);
 
 // The state after the first `upto` events of the trace (all when upto is 0), with the last
@@ -125,41 +108,6 @@ SnapshotData snapshot_from_trace(const Trace& trace, std::size_t upto = 0,
 std::string snapshot_pickle(const SnapshotData& data);
 // Writes PATH.tmp then renames to PATH. Returns false and sets *why on failure.
 bool write_pytorch_snapshot(const SnapshotData& data, const std::string& path, std::string* why);
-
-// Live allocations of a process, for snapshots on request.
-class LiveBlockTable final : public PoolObserver {
- public:
-  // Optional: called for each allocation to attach a stack (e.g. the site sampler's).
-  using FramesFor = std::function<std::vector<SnapshotFrame>(DevPtr)>;
-  explicit LiveBlockTable(FramesFor frames_for = nullptr) : frames_for_(std::move(frames_for)) {}
-
-  void on_allocate(int device, DevPtr ptr, std::size_t size, Stream stream,
-                   ServedBy how) noexcept override;
-  void on_free(int device, DevPtr ptr, std::size_t size, Stream stream) noexcept override;
-
-  std::vector<LiveBlock> blocks() const;
-  int device_count() const noexcept;
-
- private:
-  struct Entry {
-    std::size_t size;
-    int device;
-    Stream stream;
-    ServedBy served_by;
-  };
-  static constexpr int kShards = 16;
-  // Each shard's map draws its nodes from its own pool (under mu), not from malloc: this table
-  // sits on every allocation and free of the shim's hot path.
-  struct Shard {
-    mutable std::mutex mu;
-    std::pmr::unsynchronized_pool_resource nodes;
-    std::pmr::unordered_map<DevPtr, Entry> live{&nodes};
-  };
-  Shard& shard(DevPtr p) const noexcept { return shards_[(p >> 9) % kShards]; }
-  mutable Shard shards_[kShards];
-  FramesFor frames_for_;
-  std::atomic<int> max_device_{0};
-};
 
 // The request channel between `gpustitch snapshot PID` and the process.
 class SnapshotRequests {
