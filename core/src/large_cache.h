@@ -28,6 +28,11 @@
 //     bound, not on every other free (measured on pool_bench's MixedRandom: 8 blocks, evicting one
 //     at a time, sent 16% of its large operations through the device pool; 32 blocks, evicting
 //     half, about 1-2%);
+//   - an allocation of the stream that misses the cache and finds no cached block in the device
+//     pool first hands that stream's larger parked blocks to the device pool (take_larger), where
+//     they may be split for it, rather than take fresh memory;
+//   - parked blocks are not aged out: an idle thread's arena keeps them (at most the budget per
+//     arena) until a bound, a drain or that stream's next allocation moves them;
 //   - wherever the pool empties the small pool's stream caches (out-of-memory retry, trim,
 //     release_idle, drain_pending) it also drains every arena's parked blocks to the device pool,
 //     so memory parked in another thread's arena never makes an allocation fail;
