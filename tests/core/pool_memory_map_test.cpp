@@ -142,7 +142,9 @@ TEST(PoolMemoryMap, SmallChunksShowTheirSlotsAndPendingFrees) {
   pool.drain_pending(0);  // fenced: the freed slot is free now
   for (const auto& s : map_of(pool)) {
     for (const auto& blk : s.blocks) {
-      if (blk.ptr == b) EXPECT_EQ(blk.state, State::free);
+      if (blk.ptr == b) {
+        EXPECT_EQ(blk.state, State::free);
+      }
     }
   }
 }
