@@ -661,57 +661,76 @@ Status DevicePool::create_fresh(std::size_t rounded, Block** out) noexcept {
   if (!cap_allows(rounded)) return Status::out_of_memory;
   // One handle, or segment-sized handles where only whole handles can be stitched later.
   const std::size_t segment = std::max(align_up(config_.segment_size, granularity_), granularity_);
-  std::vector<Handle*> handles;
+  const std::size_t count = map_offset_ ? 1 : (rounded + segment - 1) / segment;
+  // Host bookkeeping first, before the driver is asked for anything: running out of host memory
+  // then changes nothing. The views_ node is made in a scratch map and moved in at the end.
+  std::unique_ptr<View> view;
+  std::unique_ptr<Block> block;
+  std::vector<std::unique_ptr<Handle>> owned;
+  decltype(views_)::node_type node;
+  try {
+    view = std::make_unique<View>();
+    block = std::make_unique<Block>();
+    view->pieces.reserve(count);
+    view->owned.reserve(count);
+    owned.reserve(count);
+    for (std::size_t i = 0; i < count; ++i) owned.push_back(std::make_unique<Handle>());
+    decltype(views_) scratch;
+    node = scratch.extract(scratch.emplace(0, nullptr).first);
+  } catch (const std::bad_alloc&) {
+    return Status::out_of_memory;
+  }
+  std::size_t created = 0;
   auto release_all = [&] {
-    for (Handle* h : handles) {
-      backend_.release(h->id);
-      delete h;
-    }
+    for (std::size_t i = 0; i < created; ++i) backend_.release(owned[i]->id);
     return Status::out_of_memory;
   };
-  for (std::size_t done = 0; done < rounded;) {
+  for (std::size_t done = 0; done < rounded; ++created) {
     const std::size_t size = map_offset_ ? rounded : std::min(segment, rounded - done);
     PhysHandle h = 0;
     if (backend_.create(device_, size, &h) != Status::ok) return release_all();
-    handles.push_back(new Handle{h, size, 1});
+    *owned[created] = Handle{h, size, 1};
     done += size;
   }
   DevPtr va = 0;
   if (backend_.reserve(device_, rounded, &va) != Status::ok) return release_all();
   std::size_t off = 0, mapped = 0;
-  for (; mapped < handles.size(); ++mapped) {
-    if (backend_.map(va + off, handles[mapped]->size, handles[mapped]->id, 0) != Status::ok) break;
-    off += handles[mapped]->size;
+  for (; mapped < created; ++mapped) {
+    if (backend_.map(va + off, owned[mapped]->size, owned[mapped]->id, 0) != Status::ok) break;
+    off += owned[mapped]->size;
   }
-  if (mapped < handles.size() || map_access(va, rounded) != Status::ok) {
+  if (mapped < created || map_access(va, rounded) != Status::ok) {
     off = 0;
     for (std::size_t i = 0; i < mapped; ++i) {
-      backend_.unmap(va + off, handles[i]->size);
-      off += handles[i]->size;
+      backend_.unmap(va + off, owned[i]->size);
+      off += owned[i]->size;
     }
     backend_.unreserve(va, rounded);
     return release_all();
   }
-  auto* view = new View;
-  view->base = va;
-  view->size = rounded;
+  View* v = view.release();
+  v->base = va;
+  v->size = rounded;
   off = 0;
-  for (Handle* h : handles) {
-    view->pieces.push_back(Piece{off, h->size, h, 0});
-    view->owned.push_back(h);
+  for (std::size_t i = 0; i < created; ++i) {  // within the capacity reserved above
+    Handle* h = owned[i].release();
+    v->pieces.push_back(Piece{off, h->size, h, 0});
+    v->owned.push_back(h);
     off += h->size;
   }
-  auto* b = new Block;
+  Block* b = block.release();
   b->ptr = va;
   b->size = rounded;
-  b->view = view;
+  b->view = v;
   b->state = BlockState::allocated;
-  view->first = b;
-  views_.emplace(va, view);
+  v->first = b;
+  node.key() = va;
+  node.mapped() = v;
+  views_.insert(std::move(node));
   filter_.add(va, rounded);
   stats_.bytes_reserved += rounded;
   stats_.bytes_mapped += rounded;
-  stats_.handles += handles.size();
+  stats_.handles += created;
   ++stats_.views;
   stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.bytes_reserved);
   *out = b;

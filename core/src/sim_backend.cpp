@@ -17,6 +17,7 @@
 #include <cstring>
 #include <ctime>
 #include <map>
+#include <new>
 #include <unordered_map>
 
 namespace gpustitch {
@@ -243,7 +244,12 @@ Status SimBackend::reserve(int device, std::size_t size, DevPtr* out) noexcept {
   if (DevPtr end = base + size; end < start + size + g) {
     munmap(reinterpret_cast<void*>(end), start + size + g - end);
   }
-  state_->reservations.emplace(base, size);
+  try {
+    state_->reservations.emplace(base, size);
+  } catch (const std::bad_alloc&) {  // no host memory for the bookkeeping: nothing reserved
+    munmap(reinterpret_cast<void*>(base), size);
+    return Status::out_of_memory;
+  }
   *out = base;
   return Status::ok;
 }
@@ -292,7 +298,13 @@ Status SimBackend::create(int device, std::size_t size, PhysHandle* out) noexcep
     return Status::out_of_memory;
   }
   PhysHandle id = state_->next_handle++;
-  state_->handles.emplace(id, State::HandleInfo{fd, size, device});
+  try {
+    state_->handles.emplace(id, State::HandleInfo{fd, size, device});
+  } catch (const std::bad_alloc&) {
+    close(fd);
+    unshare();
+    return Status::out_of_memory;
+  }
   state_->used[device] += size;
   *out = id;
   return Status::ok;
@@ -326,7 +338,13 @@ Status SimBackend::map(DevPtr ptr, std::size_t size, PhysHandle handle,
   void* p = mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE, MAP_SHARED | MAP_FIXED,
                  h->second.fd, static_cast<off_t>(offset));
   if (p == MAP_FAILED) return Status::out_of_memory;
-  state_->mappings.emplace(ptr, State::MappingInfo{size, false});
+  try {
+    state_->mappings.emplace(ptr, State::MappingInfo{size, false});
+  } catch (const std::bad_alloc&) {  // back to a bare reservation
+    mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE,
+         MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    return Status::out_of_memory;
+  }
   return Status::ok;
 }
 
@@ -350,22 +368,21 @@ Status SimBackend::set_access(DevPtr ptr, std::size_t size, std::span<const int>
   std::lock_guard lock(state_->mu);
   if (Status s = check_fault(SimOp::set_access); s != Status::ok) return s;
   // The whole range must be covered by mappings, as cuMemSetAccess requires.
+  auto first = state_->mappings.upper_bound(ptr);
+  if (first != state_->mappings.begin()) --first;
   DevPtr cur = ptr;
-  auto it = state_->mappings.upper_bound(ptr);
-  if (it != state_->mappings.begin()) --it;
-  std::vector<State::MappingInfo*> covered;
+  auto it = first;
   while (cur < ptr + size) {
     if (it == state_->mappings.end() || it->first > cur || it->first + it->second.size <= cur) {
       return Status::invalid_value;
     }
-    covered.push_back(&it->second);
     cur = it->first + it->second.size;
     ++it;
   }
   if (mprotect(reinterpret_cast<void*>(ptr), size, PROT_READ | PROT_WRITE) != 0) {
     return Status::error;
   }
-  for (auto* m : covered) m->accessible = true;
+  for (auto m = first; m != it; ++m) m->second.accessible = true;
   return Status::ok;
 }
 
