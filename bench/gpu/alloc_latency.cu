@@ -310,6 +310,12 @@ void measure_calls(cudaStream_t stream, int batches) {
     CUstreamCaptureStatus st{};
     is_capturing(s, &st);
   });
+  // The runtime's own entry cost: the same driver call reached through the runtime. With the
+  // static runtime, every hooked allocation pays this before it reaches the shim's driver hook.
+  add("cudaStreamIsCapturing (runtime, same driver call)", "runtime call", true, [&] {
+    cudaStreamCaptureStatus st{};
+    cudaStreamIsCapturing(stream, &st);
+  });
   add("cuStreamGetDevice", "driver call (shim: *Async)", stream_device != nullptr, [&] {
     CUdevice d = 0;
     stream_device(s, &d);
