@@ -157,8 +157,13 @@ TEST(StatsPublisher, RecreatesItsRecordAfterTheNameIsRemoved) {
     struct stat st;
     return ::stat(path.c_str(), &st) == 0 && st.st_ino != before.st_ino;
   }));
-  auto reader = open_own(g.prefix);
-  ASSERT_TRUE(reader);
+  // The new record is readable once its header is complete (the writer stores the magic last; a
+  // reader that comes too early is refused and retries, as gpustitchd does).
+  std::optional<RecordReader> reader;
+  ASSERT_TRUE(eventually([&] {
+    reader = open_own(g.prefix);
+    return reader.has_value();
+  }));
   std::vector<EventCopy> ev;
   ASSERT_EQ(reader->read_events(&ev), ReadError::none);
   ASSERT_EQ(ev.size(), 1u);
