@@ -25,9 +25,15 @@
 // tools/gpu/vmm_probe): cuMemMap at a 2 MiB offset returns CUDA_ERROR_NOT_SUPPORTED, and 1 GiB
 // costs 0.11 ms to create+map+set-access as one handle, about 0.6 ms as 16 x 64 MiB handles and
 // 18 ms as 512 x 2 MiB handles. So where offsets are not supported:
-//   - a fresh allocation larger than segment_mb (64 MiB) is built from segment-sized handles
-//     (mapped side by side, one cuMemSetAccess over the range), so at most one segment of any
-//     block can ever be pinned by a split;
+//   - a fresh allocation larger than segment_mb (default 2 MiB, the granularity) is built from
+//     handles of segment_mb, or of 1/64 of the allocation if that is larger (so at most 64 maps,
+//     a few ms, per fresh block), mapped side by side with one cuMemSetAccess over the range; at
+//     most one handle of any block can ever be pinned by a split. Small handles trade a slower
+//     fresh allocation for reuse: with 64 MiB handles a training loop whose tensor sizes change
+//     every step (PyTorch's cache off, the GPT of bench/gpu/e2e) found a fitting cached block so
+//     rarely that the pool stitched about 350 times per step; with 2 MiB handles (at most 64 per
+//     block) it stitches a handful of times per run, at the same or lower peak reserved and a
+//     higher throughput (README, "The handle-size decision");
 //   - a cached block is never cut inside a handle: an allocation is rounded up to the next handle
 //     boundary (or takes the block whole) if that wastes at most 1/8; otherwise fresh memory is
 //     taken, and only once the device is full (after stitching) is any waste accepted. So every
@@ -100,6 +106,7 @@ unsigned assign_arena_index() {
 constexpr std::size_t kLargeBuffer = 20 * MiB;   // PyTorch's slack for oversize blocks
 constexpr std::uint64_t kCheapFenceNs = 50'000;  // a fence this fast means an idle device
 constexpr std::size_t kCheapStitchPieces = 8;    // ~8 x 27 us of cuMemSetAccess on an H200
+constexpr std::size_t kMaxFreshHandles = 64;     // a fresh block's handles: ~2-4 ms to map at most
 
 void atomic_max(std::atomic<std::uint64_t>& a, std::uint64_t v) {
   std::uint64_t cur = a.load(std::memory_order_relaxed);
@@ -660,7 +667,9 @@ Status DevicePool::map_access(DevPtr ptr, std::size_t size) noexcept {
 Status DevicePool::create_fresh(std::size_t rounded, Block** out) noexcept {
   if (!cap_allows(rounded)) return Status::out_of_memory;
   // One handle, or segment-sized handles where only whole handles can be stitched later.
-  const std::size_t segment = std::max(align_up(config_.segment_size, granularity_), granularity_);
+  // One handle, or handles of segment_mb but at most kMaxFreshHandles of them (each costs a map).
+  const std::size_t segment = std::max({align_up(config_.segment_size, granularity_), granularity_,
+                                        align_up(rounded / kMaxFreshHandles, granularity_)});
   const std::size_t count = map_offset_ ? 1 : (rounded + segment - 1) / segment;
   // Host bookkeeping first, before the driver is asked for anything: running out of host memory
   // then changes nothing. The views_ node is made in a scratch map and moved in at the end.

@@ -67,7 +67,9 @@ Totals totals_of(const std::vector<MappedSegment>& segments) {
 TEST(PoolMemoryMap, LentMemoryShowsOnceInItsStitchedRange) {
   TestDevice dev = make_test_device({.capacity = 64 * MiB, .map_offset = false});
   if (dev.sim == nullptr) GTEST_SKIP();
-  Pool pool(*dev.backend, inline_config());
+  Config c = inline_config();
+  c.segment_size = 8 * MiB;  // each block one handle
+  Pool pool(*dev.backend, c);
   // Eight 8 MiB blocks fill the device; free every other one and ask for 24 MiB: it can only be
   // stitched from three of the freed blocks' handles.
   std::vector<DevPtr> blocks(8);

@@ -35,7 +35,7 @@ TEST_P(PoolModel, MatchesReference) {
   std::map<DevPtr, Live> live;  // the reference model
   std::mt19937_64 rng(seed);
   std::uint64_t allocs = 0, frees = 0, requested = 0, large_rounded = 0, small_bytes = 0;
-  std::uint64_t ooms = 0, must_fit_failures = 0, large_live = 0;
+  std::uint64_t ooms = 0, must_fit_failures = 0, large_live = 0, largest_served = 0;
   auto write_tag = [&](DevPtr p, std::size_t size, std::uint64_t tag) {
     for (std::size_t off : {std::size_t{0}, size / 2 / 8 * 8, size - 8})
       dev.write(p + off, &tag, 8);
@@ -64,8 +64,11 @@ TEST_P(PoolModel, MatchesReference) {
       // their bytes plus two chunks per size class of slack.
       std::uint64_t in_use = large_rounded + small_bytes + 2 * 40 * 2 * MiB;
       // Without offset mapping only whole handles are stitched: each live large block may pin
-      // the free rest of the segment-sized handle at either of its ends.
-      if (!map_offset) in_use += 2 * cfg.segment_size * large_live;
+      // the free rest of a handle at either of its ends. Fresh blocks are built from handles of
+      // segment_mb, or of 1/64 of the block when that is larger.
+      const std::uint64_t handle =
+          std::max<std::uint64_t>(cfg.segment_size, align_up(largest_served / 64, 2 * MiB));
+      if (!map_offset) in_use += 2 * handle * large_live;
       if (s != Status::ok) {
         ASSERT_EQ(s, Status::out_of_memory);
         ++ooms;
@@ -89,6 +92,7 @@ TEST_P(PoolModel, MatchesReference) {
       requested += size;
       (large ? large_rounded : small_bytes) += large ? rounded : size;
       large_live += large ? 1 : 0;
+      if (large) largest_served = std::max<std::uint64_t>(largest_served, rounded);
     } else if (op < 97) {
       auto it = live.begin();
       std::advance(it, rng() % live.size());

@@ -262,8 +262,8 @@ TEST(Pool, RequestBeyondCapacityIsOutOfMemoryWithOneEvent) {
 // The seeds' failure: 18.5 GiB free in holes scattered between live tensors, nothing contiguous
 // of 2 GiB. With stitching a 2 GiB allocation succeeds without new memory; without, it fails.
 // Two drivers: one that maps at an offset into a handle (holes of 2 MiB in partly used handles)
-// and one that cannot (the H200 with driver 580 and CUDA 13.0: segments are built from 64 MiB
-// handles and cut only on handle boundaries, so the holes are whole handles).
+// and one that cannot (the H200 with driver 580 and CUDA 13.0: segments built from 64 MiB handles,
+// segment_mb:64, cut only on handle boundaries, so the holes are whole handles).
 struct SeedsCase {
   bool map_offset;
   bool stitching;
@@ -277,6 +277,7 @@ TEST_P(SeedsScenario, TwoGiBFitsInScatteredHolesOnlyWithStitching) {
   if (dev.sim == nullptr) GTEST_SKIP() << "needs a 40 GiB simulated device";
   Config c = inline_config();
   c.stitching = stitching;
+  c.segment_size = 64 * MiB;
   Pool pool(*dev.backend, c);
   // 20 segments of 2 GiB, freed to the cache, then cut into tensors (like a caching allocator's
   // segments being split).

@@ -12,6 +12,7 @@
 
 #include "command.h"
 #include "generator.h"
+#include "gpustitch/config.h"
 #include "gpustitch/trace/trace_reader.h"
 #include "plot.h"
 #include "policy.h"
@@ -31,6 +32,8 @@ struct ReplayArgs {
   bool list = false;
   bool min_capacity = false;
   bool gpu = false;
+  bool whole_handles = false;
+  std::string conf;
 };
 
 std::vector<std::string> split_names(const std::vector<std::string>& in) {
@@ -91,10 +94,19 @@ int run_replay(const ReplayArgs& a, const GlobalOptions& g) {
     return kNotFound;
   }
 
+  if (!a.conf.empty()) {
+    const ConfigResult conf = parse_config(a.conf);
+    if (!conf.errors.empty()) {
+      for (const auto& e : conf.errors) std::cerr << "gpustitch replay: --conf: " << e << "\n";
+      return kUsage;
+    }
+  }
   PolicyEnv env;
   env.devices = tr.device_count();
   env.capacity = static_cast<std::size_t>(a.capacity_gb * 1024.0 * 1024.0 * 1024.0);
   env.gpu = a.gpu;
+  env.map_offset = !a.whole_handles;
+  env.pool_conf = a.conf;
   if (a.max_split_mb > 0)
     env.max_split_size = static_cast<std::size_t>(a.max_split_mb * 1024 * 1024);
   std::vector<std::string> names = split_names(a.policies);
@@ -163,6 +175,7 @@ int run_replay(const ReplayArgs& a, const GlobalOptions& g) {
                                {"ns_per_alloc", r.ns_per_alloc},
                                {"ns_per_free", r.ns_per_free}});
       if (a.min_capacity) j["policies"].back()["min_capacity_bytes"] = min_caps[i];
+      for (const auto& [name, value] : r.counters) j["policies"].back()[name] = value;
     }
     std::cout << j.dump(2) << "\n";
   } else {
@@ -210,6 +223,12 @@ Registrar reg{"replay",
                 app.add_flag("--gpu", a->gpu,
                              "Replay on the GPU: gpustitch over the CUDA backend (cap = capacity) "
                              "plus native cuda-malloc and cuda-malloc-async rows");
+                app.add_flag("--whole-handles", a->whole_handles,
+                             "Simulate a driver that cannot map at an offset into a handle (the "
+                             "H200 with driver 580), so only whole handles can be stitched");
+                app.add_option("--conf", a->conf,
+                               "GPUSTITCH_CONF-style settings for the gpustitch policies, e.g. "
+                               "segment_mb:64");
                 app.add_flag("--min-capacity", a->min_capacity,
                              "Also find each policy's smallest device without OOM (bisection)");
                 return [a, &global]() { return run_replay(*a, global); };

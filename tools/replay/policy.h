@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpustitch/types.h"
@@ -39,6 +40,12 @@ class ReplayPolicy {
     (void)device;
     return 0;
   }
+  // How the policy served the trace, by name (gpustitch: cache hits, fresh handles, stitches,
+  // trims), summed over devices; empty when the policy keeps no such counts.
+  virtual std::vector<std::pair<std::string, std::uint64_t>> counters(int devices) const {
+    (void)devices;
+    return {};
+  }
 };
 
 struct PolicyEnv {
@@ -49,6 +56,11 @@ struct PolicyEnv {
   // Replay on the GPU: the gpustitch policies use the CUDA backend (with cap = capacity) and the
   // native policies (cuda-malloc, cuda-malloc-async) become available.
   bool gpu = false;
+  // Simulated device only: whether the driver maps at an offset into a handle (the H200 with
+  // driver 580 does not: then only whole handles can be stitched).
+  bool map_offset = true;
+  // GPUSTITCH_CONF-style settings for the gpustitch policies, on top of replay's own (empty: none).
+  std::string pool_conf;
 };
 
 using PolicyFactory =

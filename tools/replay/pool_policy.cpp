@@ -3,6 +3,7 @@
 // on ("gpustitch") or off ("gpustitch-no-stitch"). Reserved is the pool's bytes_reserved
 // (physical memory held from the backend).
 #include <gpustitch/backend_factory.h>
+#include <gpustitch/config.h>
 #include <gpustitch/pool.h>
 #include <gpustitch/sim_backend.h>
 
@@ -20,6 +21,15 @@ class PoolPolicy final : public ReplayPolicy {
   static std::unique_ptr<ReplayPolicy> make(std::string name, const PolicyEnv& env, bool stitching,
                                             std::string* why) {
     Config c = make_config(stitching);
+    if (!env.pool_conf.empty()) {
+      ConfigResult r = parse_config(env.pool_conf, c);
+      if (!r.errors.empty()) {
+        if (why) *why = r.errors.front();
+        return nullptr;
+      }
+      c = r.config;
+      c.stitching = stitching;  // the policy's name says which
+    }
     std::unique_ptr<Backend> backend;
     if (env.gpu) {
       c.backend = BackendKind::cuda;
@@ -28,7 +38,7 @@ class PoolPolicy final : public ReplayPolicy {
       if (!backend) return nullptr;
     } else {
       backend = std::make_unique<SimBackend>(
-          SimOptions{env.devices, env.capacity, env.granularity, true});
+          SimOptions{env.devices, env.capacity, env.granularity, env.map_offset});
     }
     if (backend->device_count() < env.devices) {
       if (why) *why = "the trace uses more devices than the backend has";
@@ -51,6 +61,14 @@ class PoolPolicy final : public ReplayPolicy {
   std::uint64_t reserved(int device) const override { return pool_.stats(device).bytes_reserved; }
   std::uint64_t peak_reserved(int device) const override {
     return pool_.stats(device).peak_reserved;
+  }
+  std::vector<std::pair<std::string, std::uint64_t>> counters(int devices) const override {
+    std::uint64_t hits = 0, fresh = 0, stitches = 0, trims = 0;
+    for (int d = 0; d < devices; ++d) {
+      const DeviceStats s = pool_.stats(d);
+      hits += s.cache_hits, fresh += s.fresh, stitches += s.stitches, trims += s.trims;
+    }
+    return {{"cache_hits", hits}, {"fresh", fresh}, {"stitches", stitches}, {"trims", trims}};
   }
 
  private:

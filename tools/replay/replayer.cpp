@@ -116,6 +116,7 @@ ReplayResult replay_trace(const trace::Trace& trace, ReplayPolicy& policy,
   std::uint64_t policy_peak = 0;
   for (int d = 0; d < devices; ++d) policy_peak += policy.peak_reserved(d);
   if (devices == 1) r.peak_reserved = std::max(r.peak_reserved, policy_peak);
+  r.counters = policy.counters(devices);
   r.ops = n;
   r.frag_mean = frag_samples ? frag_sum / static_cast<double>(frag_samples) : 0;
   std::uint64_t served_allocs = r.allocs;

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpustitch/trace/trace_reader.h"
@@ -42,7 +43,8 @@ struct ReplayResult {
   double frag_mean = 0;     // mean over events with reserved > 0
   double frag_max = 0;      // highest over events where allocated >= 10% of peak allocated
   double ns_per_op = 0, ns_per_alloc = 0, ns_per_free = 0;
-  std::vector<ReplayPoint> series;  // at most max_points buckets
+  std::vector<ReplayPoint> series;                              // at most max_points buckets
+  std::vector<std::pair<std::string, std::uint64_t>> counters;  // ReplayPolicy::counters
 };
 
 struct ReplayOptions {

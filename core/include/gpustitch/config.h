@@ -31,8 +31,11 @@ struct Config {
   double cap_fraction = 0.0;                 // cap_fraction: of the device's total
   bool stitching = true;                     // stitching:on|off
   // Where the driver cannot map at an offset into a handle (so only whole handles can be
-  // stitched), fresh allocations above this size are built from handles of this size.
-  std::size_t segment_size = 64 * MiB;  // segment_mb
+  // stitched), fresh allocations above this size are built from handles of this size. 2 MiB (the
+  // granularity) lets a cached block be cut, and its rest lent, anywhere: the pool then reuses
+  // instead of stitching (README, "The handle-size decision"); larger handles make fresh
+  // allocations cheaper to map.
+  std::size_t segment_size = 2 * MiB;  // segment_mb
   // Frees wait for device work on a background thread (thread), or only when an allocation
   // needs their memory (inline: deterministic, for tests and replay).
   bool background_reclaim = true;  // reclaim:thread|inline

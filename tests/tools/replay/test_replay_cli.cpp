@@ -62,6 +62,15 @@ TEST(ReplayCli, GeneratesReplaysAndPlots) {
     EXPECT_GT(p["peak_reserved_bytes"].get<double>(), 0) << name;
     EXPECT_EQ(p["peak_allocated_bytes"], by_name["gpustitch"]["peak_allocated_bytes"]) << name;
   }
+  // How gpustitch served the trace: without stitching nothing is stitched; every allocation
+  // served from a chunk or block cache, fresh memory or a stitch is at most one of each.
+  for (const char* name : {"gpustitch", "gpustitch-no-stitch"}) {
+    const auto& p = by_name[name];
+    ASSERT_TRUE(p.contains("stitches") && p.contains("fresh") && p.contains("cache_hits")) << p;
+    EXPECT_GT(p["fresh"].get<long>(), 0) << name;
+  }
+  EXPECT_EQ(by_name["gpustitch-no-stitch"]["stitches"], 0);
+  EXPECT_FALSE(by_name["pytorch"].contains("stitches"));
   std::string plot = slurp(svg);
   EXPECT_EQ(plot.rfind("<svg", 0), 0u);
   EXPECT_EQ(count_of(plot, "<polyline"), 2 * 3);  // reserved + allocated per policy
@@ -73,6 +82,33 @@ TEST(ReplayCli, GeneratesReplaysAndPlots) {
   auto again = nlohmann::json::parse(out);
   EXPECT_EQ(again["bad_lines"], 0);
   EXPECT_EQ(again["policies"][0]["peak_reserved_bytes"], by_name["pytorch"]["peak_reserved_bytes"]);
+}
+
+// What-if replays: a driver without offset mapping (--whole-handles) and the user's pool settings
+// (--conf) reach the gpustitch policies; settings the pool would reject are a usage error.
+TEST(ReplayCli, WholeHandlesAndPoolSettings) {
+  std::string trace = tmp("whatif.csv");
+  int rc = 0;
+  std::string out = run(std::string(GPUSTITCH_CLI) + " replay --generate " + trace +
+                            " --steps 20 --capacity-gb 80 --policy gpustitch --json",
+                        &rc);
+  ASSERT_EQ(rc, 0) << out;
+  auto offset = nlohmann::json::parse(out)["policies"][0];
+  out = run(std::string(GPUSTITCH_CLI) + " replay " + trace +
+                " --policy gpustitch --whole-handles --conf segment_mb:64 --json",
+            &rc);
+  ASSERT_EQ(rc, 0) << out;
+  auto whole = nlohmann::json::parse(out)["policies"][0];
+  EXPECT_EQ(whole["ooms"], 0);
+  // Whole 64 MiB handles can only be cut at their boundaries: the pool fits cached blocks to
+  // new sizes less often, stitches more and holds more (deterministic: inline fencing).
+  EXPECT_GT(whole["stitches"].get<long>(), offset["stitches"].get<long>());
+  EXPECT_GT(whole["peak_reserved_bytes"].get<double>(),
+            offset["peak_reserved_bytes"].get<double>());
+  out =
+      run(std::string(GPUSTITCH_CLI) + " replay " + trace + " --conf segment_mb:banana 2>&1", &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("segment_mb"), std::string::npos) << out;
 }
 
 TEST(ReplayCli, UnknownPolicyAndMissingTraceAreReported) {
