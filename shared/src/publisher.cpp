@@ -250,12 +250,13 @@ void StatsPublisher::stop() noexcept {
   if (!impl_ || impl_->stopped) return;
   impl_->stopped = true;
   if (::getpid() != impl_->owner_pid) {
-    // A forked child: the thread exists only in the parent and the record is the parent's.
-    // Leak both rather than join a thread that is not there or remove the parent's record.
-    if (impl_->thread.joinable()) new (std::nothrow) std::thread(std::move(impl_->thread));
+    // A forked child: the thread exists only in the parent and the record is the parent's, and
+    // the parent's thread may have been waiting on `wake` or holding a mutex at the fork, so
+    // destroying them here could block for ever (glibc's pthread_cond_destroy waits for the
+    // waiters it remembers). Leak the whole state rather than join a thread that is not there,
+    // remove the parent's record or touch those objects.
     impl_->current.store(nullptr);
-    for (auto& w : impl_->writers) (void)w.release();
-    impl_->writers.clear();
+    (void)impl_.release();
     return;
   }
   {
