@@ -45,6 +45,27 @@ struct alignas(64) Arena {
   // last summed the device's total, and the device's peak generation then.
   std::uint64_t peak_high = 0;
   std::uint64_t peak_gen = UINT64_MAX;
+
+  // One allocation served by this arena (bytes: what it takes; requested: what was asked for),
+  // and one freed. Under mu.
+  void count_alloc(std::uint64_t bytes, std::uint64_t requested) noexcept {
+    bytes_allocated.store(bytes_allocated.load(std::memory_order_relaxed) + bytes,
+                          std::memory_order_relaxed);
+    const int bucket = histogram_bucket(requested);
+    ++allocs;
+    ++live_blocks;
+    bytes_requested += requested;
+    ++hist_allocs[bucket];
+    ++hist_live[bucket];
+  }
+  void count_free(std::uint64_t bytes, std::uint64_t requested) noexcept {
+    bytes_allocated.store(bytes_allocated.load(std::memory_order_relaxed) - bytes,
+                          std::memory_order_relaxed);
+    bytes_requested -= requested;
+    --live_blocks;
+    --hist_live[histogram_bucket(requested)];
+    ++frees;
+  }
 };
 
 }  // namespace gpustitch::detail

@@ -269,7 +269,7 @@ Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
           b->arena_owned = true;
           b->arena = owner->id;
           owner->large.add_live(b);
-          count_arena_alloc(*owner, b, size);
+          owner->count_alloc(b->size, size);
         } else {
           live_.emplace(b->ptr, LiveEntry{b, nullptr, 0});
           stats_.bytes_allocated += b->size;
@@ -354,14 +354,7 @@ Status DevicePool::allocate_small(std::size_t size, Stream stream, DevPtr* out,
   tl_arena = nullptr;
   tl_chunk_outcome = nullptr;
   if (s.ptr == 0) return Status::out_of_memory;
-  a.bytes_allocated.store(a.bytes_allocated.load(std::memory_order_relaxed) + s.chunk->slot_size,
-                          std::memory_order_relaxed);
-  const int bucket = histogram_bucket(size);
-  ++a.allocs;
-  ++a.live_blocks;
-  a.bytes_requested += size;
-  ++a.hist_allocs[bucket];
-  ++a.hist_live[bucket];
+  a.count_alloc(s.chunk->slot_size, size);
   if (!s.from_new_chunk) ++a.cache_hits;
   outcome->how = ServedBy::small;
   outcome->size = s.chunk->slot_size;
@@ -381,12 +374,7 @@ bool DevicePool::free_in_arena_locked(Arena& a, DevPtr ptr, Stream stream,
   if (c == nullptr) {
     Block* b = a.large.take_live(ptr);
     if (b == nullptr) return false;
-    a.bytes_allocated.store(a.bytes_allocated.load(std::memory_order_relaxed) - b->size,
-                            std::memory_order_relaxed);
-    a.bytes_requested -= b->requested;
-    --a.live_blocks;
-    --a.hist_live[histogram_bucket(b->requested)];
-    ++a.frees;
+    a.count_free(b->size, b->requested);
     outcome->size = b->requested;
     b->stream = stream;
     b->epoch = epoch_.load();
@@ -402,30 +390,14 @@ bool DevicePool::free_in_arena_locked(Arena& a, DevPtr ptr, Stream stream,
   const auto slot = static_cast<std::uint32_t>((ptr - c->base) / c->slot_size);
   if (slot >= c->nslots || !c->allocated[slot]) return false;
   const std::size_t requested = c->requested[slot];
-  a.bytes_allocated.store(a.bytes_allocated.load(std::memory_order_relaxed) - c->slot_size,
-                          std::memory_order_relaxed);
+  a.count_free(c->slot_size, requested);
   a.small.free(c, slot, stream, epoch_.load());
   // Stream-ordered frees stay in their stream's cache: only the fence queue needs the reclaimer.
   if (!a.has_pending.load(std::memory_order_relaxed) && a.small.has_pending()) {
     a.has_pending.store(true, std::memory_order_relaxed);
   }
-  a.bytes_requested -= requested;
-  --a.live_blocks;
-  --a.hist_live[histogram_bucket(requested)];
-  ++a.frees;
   outcome->size = requested;
   return true;
-}
-
-void DevicePool::count_arena_alloc(Arena& a, const Block* b, std::size_t requested) noexcept {
-  a.bytes_allocated.store(a.bytes_allocated.load(std::memory_order_relaxed) + b->size,
-                          std::memory_order_relaxed);
-  const int bucket = histogram_bucket(requested);
-  ++a.allocs;
-  ++a.live_blocks;
-  a.bytes_requested += requested;
-  ++a.hist_allocs[bucket];
-  ++a.hist_live[bucket];
 }
 
 bool DevicePool::take_parked(Arena& a, std::size_t size, std::size_t rounded, Stream stream,
@@ -436,7 +408,7 @@ bool DevicePool::take_parked(Arena& a, std::size_t size, std::size_t rounded, St
   a.parked_bytes.store(a.large.parked_bytes(), std::memory_order_relaxed);
   b->requested = size;
   a.large.add_live(b);
-  count_arena_alloc(a, b, size);
+  a.count_alloc(b->size, size);
   ++a.cache_hits;
   outcome->how = ServedBy::cache;
   outcome->size = b->size;

@@ -142,7 +142,6 @@ class DevicePool final : private ChunkSource {
   void to_device_pending(Block* b) noexcept;  // device lock and b's arena lock (if any) held
   bool drain_large_caches() noexcept;         // device lock NOT held; true if any moved
   std::uint64_t parked_bytes() const noexcept;
-  void count_arena_alloc(Arena& a, const Block* b, std::size_t requested) noexcept;
   void promote_arenas(std::uint64_t epoch) noexcept;            // device lock NOT held
   void release_arena_chunks(bool drop_stream_caches) noexcept;  // device lock NOT held
   bool drop_arena_stream_caches() noexcept;        // device lock NOT held; true if slots now wait

@@ -24,18 +24,6 @@ using namespace gpustitch;
 
 namespace {
 
-void stamp(TestDevice& d, DevPtr p, std::size_t size, std::uint64_t tag) {
-  for (std::size_t off : {std::size_t{0}, size / 2 / 8 * 8, size - 8}) d.write(p + off, &tag, 8);
-}
-bool check(TestDevice& d, DevPtr p, std::size_t size, std::uint64_t tag) {
-  for (std::size_t off : {std::size_t{0}, size / 2 / 8 * 8, size - 8}) {
-    std::uint64_t got = 0;
-    d.read(p + off, &got, 8);
-    if (got != tag) return false;
-  }
-  return true;
-}
-
 // A thread that stays alive (so it keeps its arena) and runs what it is given, in order.
 class Worker {
  public:

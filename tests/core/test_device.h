@@ -2,6 +2,7 @@
 // GPUSTITCH_TEST_BACKEND=cuda (GPU runs, ctest label "gpu").
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 
@@ -26,4 +27,18 @@ inline gpustitch::Config inline_config() {
   gpustitch::Config c;
   c.background_reclaim = false;
   return c;
+}
+
+// Writes an 8-byte tag at the start, the middle and the end of [p, p+size); check() reads them
+// back.
+inline void stamp(TestDevice& d, gpustitch::DevPtr p, std::size_t size, std::uint64_t tag) {
+  for (std::size_t off : {std::size_t{0}, size / 2 / 8 * 8, size - 8}) d.write(p + off, &tag, 8);
+}
+inline bool check(TestDevice& d, gpustitch::DevPtr p, std::size_t size, std::uint64_t tag) {
+  for (std::size_t off : {std::size_t{0}, size / 2 / 8 * 8, size - 8}) {
+    std::uint64_t got = 0;
+    d.read(p + off, &got, 8);
+    if (got != tag) return false;
+  }
+  return true;
 }
