@@ -5,8 +5,8 @@
 // so small allocations and frees on different threads do not contend for one lock. A free goes
 // to the calling thread's arena first (the common case: the allocating thread frees), then to the
 // large pool, then to the other arenas. Chunks come from, and go back to, the device's large pool
-// (lock order: arena, then device; never the reverse). Large blocks freed stream-ordered are parked
-// in the freeing thread's arena for its stream (large_cache.h), under the same lock.
+// (lock order: arena, then device; never the reverse). Freed large blocks are parked in the
+// freeing thread's arena (large_cache.h), under the same lock.
 #pragma once
 
 #include <atomic>
@@ -41,10 +41,24 @@ struct alignas(64) Arena {
   std::atomic<std::uint64_t> bytes_allocated{0};
   std::atomic<bool> has_pending{false};
   std::atomic<std::uint64_t> parked_bytes{0};  // large.parked_bytes(), for readers without mu
+  // Fences this arena ran itself (DevicePool::fence_arena), under mu: a parked block freed when
+  // fences_started was s is covered once fences_done > s. last_fence_ns: how long the last one
+  // waited (UINT64_MAX: none yet), to fence only an idle device inline.
+  std::uint64_t fences_started = 0;
+  std::uint64_t fences_done = 0;
+  std::uint64_t last_fence_ns = UINT64_MAX;
   // Peak tracking (DevicePool::note_peak_arena), under mu: this arena's bytes_allocated when it
   // last summed the device's total, and the device's peak generation then.
   std::uint64_t peak_high = 0;
   std::uint64_t peak_gen = UINT64_MAX;
+
+  // Whether the reclaimer has work here: small slots waiting for a fence, or parked blocks freed
+  // with cudaFree semantics that no fence covers yet. Under mu.
+  void refresh_pending(std::uint64_t device_epoch) noexcept {
+    has_pending.store(
+        small.has_pending() || large.has_unfenced(LargeCache::Fenced{device_epoch, fences_done}),
+        std::memory_order_relaxed);
+  }
 
   // One allocation served by this arena (bytes: what it takes; requested: what was asked for),
   // and one freed. Under mu.

@@ -44,11 +44,12 @@
 //
 // Frees never wait for the device: memory is queued with a fence epoch (reclaimer.cpp).
 //
-// Stream-ordered large blocks (cudaMallocAsync/cudaFreeAsync) bypass the device lock in the steady
-// state: such a block is registered in the allocating thread's arena, a stream-ordered free parks
-// it there for its stream, and the next allocation of that stream and size takes it back, all under
-// the arena's lock (large_cache.h). Parked blocks go back to this pool as pending on their streams
-// when an arena's bound is exceeded, when an allocation of the stream needs another size, and
+// Large blocks bypass the device lock in the steady state: a block is registered in the allocating
+// thread's arena, its free parks it there, and the next allocation of that size takes it back, all
+// under the arena's lock (large_cache.h): at once on the stream that freed it (cudaFreeAsync), and
+// otherwise once a fence covers the free, which the arena runs itself if the device was idle at the
+// last fence (a cudaMalloc/cudaFree loop). Parked blocks go back to this pool as pending when an
+// arena's bound is exceeded, when an allocation needs another size or the device is busy, and
 // wherever the small pool's stream caches are dropped (out-of-memory retry, trim, release_idle,
 // drain_pending), so the out-of-memory guarantee above still holds.
 //
@@ -105,6 +106,7 @@ unsigned assign_arena_index() {
 
 constexpr std::size_t kLargeBuffer = 20 * MiB;   // PyTorch's slack for oversize blocks
 constexpr std::uint64_t kCheapFenceNs = 50'000;  // a fence this fast means an idle device
+constexpr std::uint64_t kFenceSample = 8;        // an arena times one fence in 8
 constexpr std::size_t kCheapStitchPieces = 8;    // ~8 x 27 us of cuMemSetAccess on an H200
 constexpr std::size_t kMaxFreshHandles = 64;     // a fresh block's handles: ~2-4 ms to map at most
 
@@ -225,11 +227,9 @@ Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
     return s;
   }
   const std::size_t rounded = align_up(size, granularity_);
-  // Stream-ordered: the thread's arena serves from its parked blocks, and otherwise registers the
-  // block the device pool serves, so that its free needs no device lock either.
-  Arena* owner = stream != kAnyStream && config_.large_cache != 0 && rounded >= size
-                     ? &arena_for_thread()
-                     : nullptr;
+  // The thread's arena serves from its parked blocks, and otherwise registers the block the device
+  // pool serves, so that its free needs no device lock either.
+  Arena* owner = config_.large_cache != 0 && rounded >= size ? &arena_for_thread() : nullptr;
   Status status = Status::ok;
   for (int attempt = 0; attempt < 2; ++attempt) {
     {
@@ -244,16 +244,17 @@ Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
       std::lock_guard lock(mu_);
       Block* b = nullptr;
       if (owner != nullptr && owner->large.parked_count() != 0) {
-        // Before taking fresh memory, this stream's parked blocks too large for the request go to
-        // the device pool, where they may be split for it.
+        // Before taking fresh memory, parked blocks that cannot serve the request here go to the
+        // device pool: larger ones of this stream, where they may be split, and for a cudaMalloc
+        // fitting ones a fence did not cover yet, where the fence rules below decide.
         b = take_cached(rounded, stream);
         if (b != nullptr) {
           ++stats_.cache_hits;
           outcome->how = ServedBy::cache;
         } else {
-          Block* larger[LargeCache::kMaxParked];
-          const std::size_t n = owner->large.take_larger(stream, rounded, larger);
-          for (std::size_t i = 0; i < n; ++i) to_device_pending(larger[i]);
+          Block* moved[LargeCache::kMaxParked];
+          const std::size_t n = owner->large.take_for_device(stream, rounded, moved);
+          for (std::size_t i = 0; i < n; ++i) to_device_pending(moved[i]);
           owner->parked_bytes.store(owner->large.parked_bytes(), std::memory_order_relaxed);
         }
       }
@@ -378,7 +379,7 @@ bool DevicePool::free_in_arena_locked(Arena& a, DevPtr ptr, Stream stream,
     outcome->size = b->requested;
     b->stream = stream;
     b->epoch = epoch_.load();
-    if (stream != kAnyStream && a.large.can_park(b->size)) {
+    if (a.large.can_park(b->size)) {
       park(a, b, false);
     } else {
       std::lock_guard lock(mu_);
@@ -403,7 +404,12 @@ bool DevicePool::free_in_arena_locked(Arena& a, DevPtr ptr, Stream stream,
 bool DevicePool::take_parked(Arena& a, std::size_t size, std::size_t rounded, Stream stream,
                              DevPtr* out, Outcome* outcome) noexcept {
   if (a.large.parked_count() == 0) return false;
-  Block* b = a.large.take(stream, rounded);
+  bool fits_unfenced = false;
+  Block* b = a.large.take(stream, rounded, fenced(a), &fits_unfenced);
+  if (b == nullptr && fits_unfenced && fence_arena(a)) {
+    b = a.large.take(stream, rounded, fenced(a), &fits_unfenced);
+    a.refresh_pending(completed_epoch_.load(std::memory_order_acquire));
+  }
   if (b == nullptr) return false;
   a.parked_bytes.store(a.large.parked_bytes(), std::memory_order_relaxed);
   b->requested = size;
@@ -417,10 +423,36 @@ bool DevicePool::take_parked(Arena& a, std::size_t size, std::size_t rounded, St
   return true;
 }
 
+LargeCache::Fenced DevicePool::fenced(const Arena& a) const noexcept {
+  return LargeCache::Fenced{completed_epoch_.load(std::memory_order_acquire), a.fences_done};
+}
+
+bool DevicePool::fence_arena(Arena& a) noexcept {
+  const std::uint64_t last =
+      std::min(a.last_fence_ns, last_fence_ns_.load(std::memory_order_relaxed));
+  if (config_.background_reclaim && last >= kCheapFenceNs) return false;
+  const std::uint64_t ticket = ++a.fences_started;  // covers every block parked before it
+  // Timed one fence in kFenceSample: two clock reads cost about as much as the rest of a
+  // cudaMalloc/cudaFree pair here (30-45 ns each on the GPU host). An untimed fence that meets a
+  // device that has just turned busy waits for it, as every native cudaFree does, and the next
+  // timed one (or the reclaimer's) stops the inline fences.
+  const bool timed = ticket % kFenceSample == 0 || a.last_fence_ns == UINT64_MAX;
+  const std::uint64_t start = timed ? monotonic_ns() : 0;
+  if (backend_.synchronize(device_) != Status::ok) return false;
+  if (timed) a.last_fence_ns = monotonic_ns() - start;
+  a.fences_done = ticket;
+  return true;
+}
+
 void DevicePool::park(Arena& a, Block* b, bool device_locked) noexcept {
   Block* evicted[LargeCache::kMaxParked];
+  b->arena_fence = a.fences_started;
   const std::size_t n = a.large.park(b, evicted);
   a.parked_bytes.store(a.large.parked_bytes(), std::memory_order_relaxed);
+  // A block freed with cudaFree semantics waits for a fence: the reclaimer's work.
+  if (b->stream == kAnyStream && !a.has_pending.load(std::memory_order_relaxed)) {
+    a.has_pending.store(true, std::memory_order_relaxed);
+  }
   if (n == 0) return;
   std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
   if (!device_locked) lock.lock();
@@ -461,7 +493,7 @@ void DevicePool::promote_arenas(std::uint64_t epoch) noexcept {
     tl_arena = a.get();
     a->small.promote(epoch, *this);
     tl_arena = nullptr;
-    a->has_pending.store(a->small.has_pending(), std::memory_order_relaxed);
+    a->refresh_pending(epoch);
   }
 }
 
@@ -470,9 +502,8 @@ bool DevicePool::drop_arena_stream_caches() noexcept {
   for (auto& a : arenas_) {
     std::lock_guard lock(a->mu);
     a->small.drop_stream_caches();
-    const bool p = a->small.has_pending();
-    a->has_pending.store(p, std::memory_order_relaxed);
-    pending = pending || p;
+    a->refresh_pending(completed_epoch_.load(std::memory_order_acquire));
+    pending = pending || a->has_pending.load(std::memory_order_relaxed);
   }
   return pending;
 }
@@ -485,6 +516,7 @@ void DevicePool::release_arena_chunks(bool drop_stream_caches) noexcept {
     std::lock_guard lock(mu_);
     target = epoch_.fetch_add(1);
     if (backend_.synchronize(device_) != Status::ok) return;
+    atomic_max(completed_epoch_, target);
     promote(target);
   }
   for (auto& a : arenas_) {
@@ -494,7 +526,7 @@ void DevicePool::release_arena_chunks(bool drop_stream_caches) noexcept {
     a->small.promote(target, *this);
     a->small.release_empty(*this);
     tl_arena = nullptr;
-    a->has_pending.store(a->small.has_pending(), std::memory_order_relaxed);
+    a->refresh_pending(target);
   }
 }
 
@@ -1017,7 +1049,7 @@ void DevicePool::dissolve(View* v) noexcept {
 Status DevicePool::deallocate(DevPtr ptr, Stream stream, Outcome* outcome) noexcept {
   if (!usable_ || !filter_.may_contain(ptr)) return Status::invalid_value;
   // This thread's arena first (its small slots and the large blocks it registered), then the
-  // device pool's live blocks (a stream-ordered free parks the block in this thread's arena:
+  // device pool's live blocks (a free parks the block in this thread's arena:
   // looked up with the arena's lock held, so that no drain misses it on its way), then the other
   // arenas (frees from another thread than the allocating one).
   Arena& mine = arena_for_thread();
@@ -1025,7 +1057,7 @@ Status DevicePool::deallocate(DevPtr ptr, Stream stream, Outcome* outcome) noexc
   {
     std::lock_guard arena_lock(mine.mu);
     done = free_in_arena_locked(mine, ptr, stream, outcome);
-    if (!done && stream != kAnyStream && mine.large.enabled()) {
+    if (!done && mine.large.enabled()) {
       done = free_device_block(ptr, stream, outcome, &mine);
       device_tried = true;
     }
@@ -1055,7 +1087,7 @@ bool DevicePool::free_device_block(DevPtr ptr, Stream stream, Outcome* outcome,
   peak_.device_allocated.store(stats_.bytes_allocated, std::memory_order_relaxed);
   b->epoch = epoch_.load();
   b->stream = stream;
-  if (park_in != nullptr && stream != kAnyStream && park_in->large.can_park(b->size)) {
+  if (park_in != nullptr && park_in->large.can_park(b->size)) {
     b->arena_owned = true;
     b->arena = park_in->id;
     park(*park_in, b, true);
@@ -1085,7 +1117,10 @@ void DevicePool::promote(std::uint64_t epoch) noexcept {
 void DevicePool::fence_locked() noexcept {
   const std::uint64_t target = epoch_.fetch_add(1);
   const std::uint64_t start = monotonic_ns();
-  if (backend_.synchronize(device_) == Status::ok) promote(target);
+  if (backend_.synchronize(device_) == Status::ok) {
+    atomic_max(completed_epoch_, target);
+    promote(target);
+  }
   last_fence_ns_.store(monotonic_ns() - start, std::memory_order_relaxed);
 }
 
@@ -1100,10 +1135,20 @@ bool DevicePool::fence_pass() noexcept {
   const std::uint64_t start = monotonic_ns();
   if (backend_.synchronize(device_) != Status::ok) return false;
   last_fence_ns_.store(monotonic_ns() - start, std::memory_order_relaxed);
+  atomic_max(completed_epoch_, target);
   promote_arenas(target);
   Outcome outcome;
-  bool more;
+  bool more, drain;
   {
+    std::lock_guard lock(mu_);
+    promote(target);
+    maybe_release_locked(&outcome);
+    more = has_pending();
+    // Idle memory above the release threshold that sits parked in the arenas: bring it here (the
+    // arena locks come first, so outside the lock) and release what the fence covered.
+    drain = release_wanted_locked() && parked_bytes() != 0;
+  }
+  if (drain && drain_large_caches()) {
     std::lock_guard lock(mu_);
     promote(target);
     maybe_release_locked(&outcome);
@@ -1118,12 +1163,14 @@ void DevicePool::drain_pending() noexcept {
   release_arena_chunks(true);
 }
 
+bool DevicePool::release_wanted_locked() const noexcept {
+  return config_.release_threshold != SIZE_MAX &&
+         stats_.bytes_reserved - stats_.bytes_allocated - arena_allocated() >
+             config_.release_threshold;
+}
+
 void DevicePool::maybe_release_locked(Outcome* outcome) noexcept {
-  if (config_.release_threshold == SIZE_MAX) return;
-  if (stats_.bytes_reserved - stats_.bytes_allocated - arena_allocated() >
-      config_.release_threshold) {
-    trim_locked(config_.release_threshold, outcome);
-  }
+  if (release_wanted_locked()) trim_locked(config_.release_threshold, outcome);
 }
 
 std::size_t DevicePool::trim_locked(std::size_t keep, Outcome* outcome) noexcept {

@@ -124,6 +124,7 @@ class DevicePool final : private ChunkSource {
   void promote(std::uint64_t epoch) noexcept;
   std::size_t trim_locked(std::size_t keep, Outcome* outcome) noexcept;
   std::size_t release_one_locked(std::size_t wanted) noexcept;
+  bool release_wanted_locked() const noexcept;  // idle cached memory above release_threshold
   void maybe_release_locked(Outcome* outcome) noexcept;
 
   // --- small objects and the arenas' large caches (arena.h, large_cache.h) ---
@@ -138,6 +139,11 @@ class DevicePool final : private ChunkSource {
   // a's lock held: a parked block of stream for the request, moved to a's live table.
   bool take_parked(Arena& a, std::size_t size, std::size_t rounded, Stream stream, DevPtr* out,
                    Outcome* outcome) noexcept;
+  // a's lock held: which of a's parked blocks a completed fence covers.
+  LargeCache::Fenced fenced(const Arena& a) const noexcept;
+  // a's lock held: fences the device for a's parked blocks, without the device lock, if the device
+  // looked idle at the last fence (or the pool fences only on demand); false if it did not.
+  bool fence_arena(Arena& a) noexcept;
   void park(Arena& a, Block* b, bool device_locked) noexcept;  // a's lock held
   void to_device_pending(Block* b) noexcept;  // device lock and b's arena lock (if any) held
   bool drain_large_caches() noexcept;         // device lock NOT held; true if any moved
@@ -192,6 +198,9 @@ class DevicePool final : private ChunkSource {
   Block* fq_head_ = nullptr;
   Block* fq_tail_ = nullptr;
   std::atomic<std::uint64_t> epoch_{1};
+  // The latest epoch a completed fence closed: every free stamped with it or before is safe for
+  // anyone. Read without the device lock by the arenas (their parked blocks).
+  std::atomic<std::uint64_t> completed_epoch_{0};
   std::atomic<std::uint64_t> last_fence_ns_{UINT64_MAX};  // how long the last fence waited
   std::vector<std::unique_ptr<Arena>> arenas_;
   DeviceStats stats_;  // its peak_allocated is unused: peak_allocated_ below

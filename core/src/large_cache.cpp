@@ -1,4 +1,4 @@
-// Per-arena cache of stream-ordered large frees. See large_cache.h for the design.
+// Per-arena cache of large frees. See large_cache.h for the design.
 #include "large_cache.h"
 
 namespace gpustitch::detail {
@@ -16,11 +16,16 @@ Block* LargeCache::remove_at(std::size_t i) noexcept {
   return b;
 }
 
-Block* LargeCache::take(Stream stream, std::size_t rounded) noexcept {
+Block* LargeCache::take(Stream stream, std::size_t rounded, Fenced fenced,
+                        bool* fits_unfenced) noexcept {
   std::size_t best = kMaxParked;
   for (std::size_t i = count_; i-- > 0;) {  // newest first: among equals, the warmest block
     const Block* b = parked_[i];
-    if (b->stream != stream || b->size < rounded || b->size - rounded > rounded / 8) continue;
+    if (b->size < rounded || b->size - rounded > rounded / 8) continue;
+    if ((stream == kAnyStream || b->stream != stream) && !fenced.covers(b)) {
+      *fits_unfenced = true;
+      continue;
+    }
     if (best == kMaxParked || b->size < parked_[best]->size) best = i;
     if (b->size == rounded) break;
   }
@@ -43,17 +48,25 @@ std::size_t LargeCache::park(Block* b, Block** evicted) noexcept {
   return n;
 }
 
-std::size_t LargeCache::take_larger(Stream stream, std::size_t rounded, Block** out) noexcept {
+std::size_t LargeCache::take_for_device(Stream stream, std::size_t rounded, Block** out) noexcept {
   std::size_t n = 0;
   for (std::size_t i = 0; i < count_;) {
     const Block* b = parked_[i];
-    if (b->stream == stream && b->size > rounded && b->size - rounded > rounded / 8) {
+    const bool larger = b->size > rounded && b->size - rounded > rounded / 8;
+    if (b->stream == stream && (larger || (stream == kAnyStream && b->size >= rounded))) {
       out[n++] = remove_at(i);
     } else {
       ++i;
     }
   }
   return n;
+}
+
+bool LargeCache::has_unfenced(Fenced fenced) const noexcept {
+  for (std::size_t i = 0; i < count_; ++i) {
+    if (parked_[i]->stream == kAnyStream && !fenced.covers(parked_[i])) return true;
+  }
+  return false;
 }
 
 std::size_t LargeCache::drain(Block** out) noexcept {

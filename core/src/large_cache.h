@@ -1,25 +1,32 @@
-// Per-arena cache of large blocks freed stream-ordered (cudaFreeAsync semantics).
+// Per-arena cache of large blocks freed by this arena's threads.
 //
 // Why: large blocks (>= small_limit) are carved, stitched and fenced by the device pool under one
-// lock per device, so two threads that each allocate and free a large block in a loop on their own
-// stream take turns on that lock and together run slower than one thread alone (0.45-0.6x on two
-// cores). The small-object path avoids this with per-thread arenas; this cache gives large blocks
-// the same treatment for the case where stream order makes it safe.
+// lock per device, so two threads that each allocate and free a large block in a loop take turns
+// on that lock and together run slower than one thread alone (0.45-0.6x on two cores). The
+// small-object path avoids this with per-thread arenas; this cache gives large blocks the same
+// treatment wherever the fence rules allow it.
 //
 // What it holds, per arena:
-//   - parked blocks: large blocks freed on a stream, kept for that stream. The same stream may
-//     reuse one at once, because stream order guarantees that the stream's work queued before the
-//     free runs before any work queued after the next allocation (the rule the device pool's
-//     per-stream pending sets and the small pool's stream caches follow). Another stream never
-//     gets a parked block: it must first leave for the device pool as pending and be fenced.
+//   - parked blocks: large blocks freed on this arena's threads, kept for reuse. A block freed on
+//     a stream (cudaFreeAsync semantics) serves that stream at once, because stream order
+//     guarantees that the stream's work queued before the free runs before any work queued after
+//     the next allocation (the rule the device pool's per-stream pending sets and the small pool's
+//     stream caches follow). Any other allocation, and every allocation of a block freed without a
+//     stream (cudaFree semantics), waits for a fence that began after the free: one the device
+//     pool completed (its epoch, Block::epoch <= DevicePool's completed epoch) or one this arena
+//     ran itself (Block::arena_fence < Arena::fences_done). A cudaMalloc/cudaFree loop on an idle
+//     device thus fences in its own arena, with no device lock, as native cudaFree waits for the
+//     device; on a busy device (the last fence was slow) the fitting block goes to the device
+//     pool as pending instead, where the "much memory pending: wait rather than grow" rule sees
+//     it (device_pool.cpp);
 //   - live blocks: the large blocks this arena handed out (from its parked blocks, or from the
-//     device pool for a stream-ordered request on this arena's thread), so that their frees find
-//     them without the device lock too. Nodes come from a pool, not malloc, in the steady state.
-// A thread looping allocate/free of large blocks on its stream thus takes only its arena's lock.
+//     device pool for a request on this arena's thread), so that their frees find them without
+//     the device lock too. Nodes come from a pool, not malloc, in the steady state.
+// A thread looping allocate/free of one large size thus takes only its arena's lock.
 //
 // Rules:
-//   - a parked block serves a request of its stream whose rounded size is its size or at most 1/8
-//     smaller; it is never split (splitting changes the device's block list: device lock);
+//   - a parked block serves a request whose rounded size is its size or at most 1/8 smaller; it
+//     is never split (splitting changes the device's block list: device lock);
 //   - bounded: at most kMaxParked blocks and `budget` bytes per arena (large_cache_mb; 0 turns the
 //     cache off; a block larger than the budget is never parked). Parking past a bound sends the
 //     oldest parked blocks to the device pool as pending on their streams, with the fence epoch of
@@ -28,11 +35,14 @@
 //     bound, not on every other free (measured on pool_bench's MixedRandom: 8 blocks, evicting one
 //     at a time, sent 16% of its large operations through the device pool; 32 blocks, evicting
 //     half, about 1-2%);
-//   - an allocation of the stream that misses the cache and finds no cached block in the device
-//     pool first hands that stream's larger parked blocks to the device pool (take_larger), where
-//     they may be split for it, rather than take fresh memory;
+//   - an allocation that misses the cache and finds no cached block in the device pool first
+//     hands the parked blocks of its kind that cannot serve it to the device pool
+//     (take_for_device): larger ones, which may be split there, and for a cudaMalloc fitting ones
+//     still unfenced;
 //   - parked blocks are not aged out: an idle thread's arena keeps them (at most the budget per
-//     arena) until a bound, a drain or that stream's next allocation moves them;
+//     arena) until a bound, a drain or a later allocation moves them. Blocks freed with cudaFree
+//     semantics mark the arena as pending (Arena::has_pending) until a fence covers them, so the
+//     reclaimer fences them as it fences the fence queue;
 //   - wherever the pool empties the small pool's stream caches (out-of-memory retry, trim,
 //     release_idle, drain_pending) it also drains every arena's parked blocks to the device pool,
 //     so memory parked in another thread's arena never makes an allocation fail;
@@ -62,16 +72,30 @@ class LargeCache {
   // Whether a block of this size may be parked at all (within the byte budget by itself).
   bool can_park(std::size_t size) const { return size <= budget_; }
 
-  // A parked block of `stream` for an allocation of `rounded` bytes (best fit, at most 1/8
-  // larger), taken out of the cache and unmarked; nullptr if none fits.
-  Block* take(Stream stream, std::size_t rounded) noexcept;
+  // Which parked blocks a completed fence covers: freed at or before the device pool's completed
+  // epoch, or before the arena's own last completed fence.
+  struct Fenced {
+    std::uint64_t device_epoch = 0;  // DevicePool's completed epoch
+    std::uint64_t arena_fences = 0;  // Arena::fences_done
+    bool covers(const Block* b) const {
+      return b->epoch <= device_epoch || b->arena_fence < arena_fences;
+    }
+  };
+  // A parked block for an allocation of `rounded` bytes on `stream` (best fit, at most 1/8
+  // larger) that it may use now: freed on that same stream, or covered by a fence. Taken out of
+  // the cache and unmarked; nullptr if none. *fits_unfenced: whether a block that fits waits for a
+  // fence only.
+  Block* take(Stream stream, std::size_t rounded, Fenced fenced, bool* fits_unfenced) noexcept;
   // Parks b (b->stream: the stream it was freed on; b->epoch: the fence epoch of its free).
   // Writes to `evicted` (room for kMaxParked) the oldest blocks that had to leave to keep the
   // bounds, unmarked, and returns their number.
   std::size_t park(Block* b, Block** evicted) noexcept;
-  // Takes parked blocks of `stream` larger than `rounded` + 1/8, which cannot serve it (an
-  // allocation missing the cache hands them to the device pool, where they may be split).
-  std::size_t take_larger(Stream stream, std::size_t rounded, Block** out) noexcept;
+  // Takes the parked blocks of `stream` (kAnyStream: those freed with cudaFree semantics) that
+  // cannot serve an allocation of `rounded` bytes here but may in the device pool: larger than
+  // `rounded` + 1/8 (split there), and for kAnyStream also fitting ones (fenced there).
+  std::size_t take_for_device(Stream stream, std::size_t rounded, Block** out) noexcept;
+  // Whether a block freed with cudaFree semantics waits for a fence (the reclaimer's work).
+  bool has_unfenced(Fenced fenced) const noexcept;
   // Takes every parked block, oldest first (room for kMaxParked); returns their number.
   std::size_t drain(Block** out) noexcept;
   // The parked block starting at ptr; nullptr if none (memory snapshots).

@@ -49,8 +49,11 @@ struct Block {
   // allocated: what the caller asked for, and on which stream.
   std::size_t requested = 0;
   Stream stream = kAnyStream;
-  // pending: fence epoch and the fence queue links.
+  // pending (and parked): the device's fence epoch at its free, and the fence queue links.
   std::uint64_t epoch = 0;
+  // parked: its arena's fence count at its free (Arena::fences_started), so that a fence the
+  // arena ran itself after the free also covers it (large_cache.h).
+  std::uint64_t arena_fence = 0;
   Block* fq_prev = nullptr;
   Block* fq_next = nullptr;
   // lent: the stitched view that borrowed this block's memory.

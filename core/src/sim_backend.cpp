@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <ctime>
@@ -49,6 +50,25 @@ struct SimBackend::State {
     std::uint64_t calls = 0;
   };
   Fault faults[static_cast<int>(SimOp::count_)];
+  // synchronize() skips the mutex while the device is not held and no synchronize fault is armed:
+  // an idle device's fence then costs the pool little, as a real idle cuCtxSynchronize does,
+  // rather than a process-wide lock that two benchmark threads would take turns on.
+  alignas(64) std::atomic<bool> sync_slow{false};  // device_held, or a synchronize fault armed
+  // Fast calls, counted per thread slot on lines of their own (calls() sums them).
+  struct alignas(64) Counter {
+    std::atomic<std::uint64_t> n{0};
+  };
+  static constexpr unsigned kCounterSlots = 8;
+  Counter sync_fast_calls[kCounterSlots];
+  std::uint64_t fast_calls() const {
+    std::uint64_t total = 0;
+    for (const Counter& c : sync_fast_calls) total += c.n.load(std::memory_order_relaxed);
+    return total;
+  }
+  void update_sync_slow() {  // mu held
+    const Fault& f = faults[static_cast<int>(SimOp::synchronize)];
+    sync_slow.store(device_held || f.always || f.countdown != 0, std::memory_order_seq_cst);
+  }
   // Shared device (sim_shared:NAME): bytes in use per device, for every process using NAME.
   struct Shared {
     std::atomic<std::uint64_t> used[16];
@@ -172,6 +192,7 @@ void SimBackend::fail_nth(SimOp op, std::uint64_t nth, Status status) noexcept {
   auto& f = state_->faults[static_cast<int>(op)];
   f.countdown = nth;
   f.status = status;
+  state_->update_sync_slow();
 }
 
 void SimBackend::fail_always(SimOp op, bool on, Status status) noexcept {
@@ -179,11 +200,13 @@ void SimBackend::fail_always(SimOp op, bool on, Status status) noexcept {
   auto& f = state_->faults[static_cast<int>(op)];
   f.always = on;
   f.status = status;
+  state_->update_sync_slow();
 }
 
 std::uint64_t SimBackend::calls(SimOp op) const noexcept {
   std::lock_guard lock(state_->mu);
-  return state_->faults[static_cast<int>(op)].calls;
+  return state_->faults[static_cast<int>(op)].calls +
+         (op == SimOp::synchronize ? state_->fast_calls() : 0);
 }
 
 void SimBackend::set_external_usage(int device, std::size_t bytes) noexcept {
@@ -195,6 +218,7 @@ void SimBackend::hold_device(bool held) noexcept {
   {
     std::lock_guard lock(state_->mu);
     state_->device_held = held;
+    state_->update_sync_slow();
   }
   state_->device_cv.notify_all();
 }
@@ -388,8 +412,16 @@ Status SimBackend::set_access(DevPtr ptr, std::size_t size, std::span<const int>
 
 Status SimBackend::synchronize(int device) noexcept {
   if (device < 0 || device >= options_.devices) return Status::invalid_device;
+  if (!state_->sync_slow.load(std::memory_order_seq_cst)) {
+    static std::atomic<unsigned> next_slot{0};
+    thread_local const unsigned slot = next_slot.fetch_add(1) % State::kCounterSlots;
+    state_->sync_fast_calls[slot].n.fetch_add(1, std::memory_order_relaxed);
+    return Status::ok;
+  }
   std::unique_lock lock(state_->mu);
-  if (Status s = check_fault(SimOp::synchronize); s != Status::ok) return s;
+  const Status fault = check_fault(SimOp::synchronize);
+  state_->update_sync_slow();  // a fault that just fired is disarmed
+  if (fault != Status::ok) return fault;
   state_->device_cv.wait(lock, [&] { return !state_->device_held; });
   return Status::ok;
 }

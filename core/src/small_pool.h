@@ -27,7 +27,6 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <memory>
 #include <unordered_map>
@@ -127,6 +126,29 @@ class SmallPool {
     std::uint32_t cap_ = 1, head_ = 0, size_ = 0;
   };
   using StreamCache = std::vector<SlotRing>;  // by class
+  // The fence queue of slots freed with cudaFree semantics: a FIFO ring that only grows. A deque
+  // allocated a node every 21 frees and the reclaimer freed it from its own thread, which cost a
+  // cudaFree-semantics pair about a tenth of its time in malloc.
+  class SlotQueue {
+   public:
+    bool empty() const { return size_ == 0; }
+    const SlotRef& front() const { return buf_[head_]; }
+    void pop_front() { head_ = (head_ + 1) & (buf_.size() - 1), --size_; }
+    void push_back(const SlotRef& r) {
+      if (size_ == buf_.size()) grow();
+      buf_[(head_ + size_++) & (buf_.size() - 1)] = r;
+    }
+
+   private:
+    void grow() {
+      std::vector<SlotRef> bigger(buf_.empty() ? 256 : buf_.size() * 2);
+      for (std::size_t i = 0; i < size_; ++i) bigger[i] = buf_[(head_ + i) & (buf_.size() - 1)];
+      buf_.swap(bigger);
+      head_ = 0;
+    }
+    std::vector<SlotRef> buf_;  // a power of two in size
+    std::size_t head_ = 0, size_ = 0;
+  };
   StreamCache& cache_of(Stream stream);
 
   std::uint32_t class_index(std::size_t size) const;
@@ -140,7 +162,7 @@ class SmallPool {
   std::vector<SizeClass> classes_;
   std::map<DevPtr, Chunk*> chunks_;
   mutable Chunk* last_chunk_ = nullptr;  // chunk_of's last answer
-  std::deque<SlotRef> pending_;
+  SlotQueue pending_;
   std::unordered_map<Stream, StreamCache> stream_caches_;
   Stream last_stream_ = kAnyStream;  // the stream whose cache is last_cache_
   StreamCache* last_cache_ = nullptr;

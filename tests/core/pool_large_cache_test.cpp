@@ -1,7 +1,8 @@
-// The arenas' cache of stream-ordered large frees (core/src/large_cache.h), through the Pool API
-// on the simulated device: same-stream reuse without the device lock, no reuse by another stream
-// before a fence, frees from another thread, out-of-memory and trim draining parked memory, exact
-// statistics, and no overlapping live blocks under concurrent stream-ordered frees.
+// The arenas' cache of large frees (core/src/large_cache.h), through the Pool API on the
+// simulated device: same-stream reuse without the device lock, no reuse by another stream (or of a
+// cudaFree-semantics free by anyone) before a fence, frees from another thread, out-of-memory,
+// trim and the release threshold draining parked memory, exact statistics, and no overlapping live
+// blocks under concurrent frees.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -168,6 +169,134 @@ TEST(PoolLargeCache, AnotherStreamNeverGetsAParkedBlockBeforeItsFence) {
   ASSERT_EQ(pool.allocate(0, 48 * MiB, kS3, &d), Status::ok);
   EXPECT_EQ(pool.stats(0).bytes_reserved, reserved);
   EXPECT_TRUE(d == a || d == b || d == c);
+}
+
+// cudaFree semantics: the freed block waits for a fence that began after the free. While the device
+// is busy (held), the next allocation of that size must not get it; it may wait for the device (as
+// native cudaFree does) or take other memory.
+TEST(PoolLargeCache, CudaFreeSemanticsBlockIsNotReusedBeforeAFence) {
+  TestDevice dev = make_test_device();
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
+  for (const bool background : {false, true}) {
+    SCOPED_TRACE(background ? "background reclaim" : "fence on demand");
+    Config c = inline_config();
+    c.background_reclaim = background;
+    Pool pool(*dev.backend, c);
+    Worker w;
+    // Warm: one fenced round trip, so that the arena has measured an idle device's fence.
+    w.run([&] {
+      for (int i = 0; i < 3; ++i) {
+        DevPtr p = 0;
+        EXPECT_EQ(pool.allocate(0, 48 * MiB, kAnyStream, &p), Status::ok);
+        EXPECT_EQ(pool.deallocate(p), Status::ok);
+      }
+      return 0;
+    });
+    const DevPtr a = w.run([&] {
+      DevPtr p = 0;
+      EXPECT_EQ(pool.allocate(0, 48 * MiB, kAnyStream, &p), Status::ok);
+      return p;
+    });
+    dev.sim->hold_device(true);  // a kernel still uses a
+    w.run([&] { return pool.deallocate(a); });
+    std::atomic<DevPtr> got{0};
+    std::thread t([&] {
+      w.run([&] {
+        DevPtr p = 0;
+        EXPECT_EQ(pool.allocate(0, 48 * MiB, kAnyStream, &p), Status::ok);
+        got = p;
+        return 0;
+      });
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const DevPtr early = got.load();
+    EXPECT_NE(early, a) << "a cudaMalloc got memory a kernel may still use";
+    dev.sim->hold_device(false);
+    t.join();
+    ASSERT_NE(got.load(), 0u);
+    w.run([&] { return pool.deallocate(got.load()); });
+  }
+}
+
+// A cudaMalloc/cudaFree loop of one size on an idle device reuses its block through its arena,
+// fencing there, with every device lock held by someone else.
+TEST(PoolLargeCache, CudaMallocFreeLoopFencesInItsArenaWithoutTheDeviceLock) {
+  TestDevice dev = make_test_device();
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated device";
+  Pool pool(*dev.backend, inline_config());
+  Worker w;
+  const DevPtr first = w.run([&] {
+    DevPtr p = 0;
+    EXPECT_EQ(pool.allocate(0, 8 * MiB, kAnyStream, &p), Status::ok);
+    EXPECT_EQ(pool.deallocate(p), Status::ok);
+    return p;
+  });
+  ASSERT_NE(first, 0u);
+  const std::uint64_t syncs = dev.sim->calls(SimOp::synchronize);
+  pool.atfork_prepare();
+  std::atomic<bool> done{false};
+  std::atomic<int> same{0};
+  std::thread loop([&] {
+    w.run([&] {
+      for (int i = 0; i < 1000; ++i) {
+        DevPtr p = 0;
+        if (pool.allocate(0, 8 * MiB, kAnyStream, &p) != Status::ok) break;
+        same += p == first;
+        if (pool.deallocate(p) != Status::ok) break;
+      }
+      return 0;
+    });
+    done = true;
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!done && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const bool finished_while_locked = done;
+  pool.atfork_parent();
+  loop.join();
+  EXPECT_TRUE(finished_while_locked) << "a cudaMalloc/cudaFree loop waited for the device lock";
+  EXPECT_EQ(same.load(), 1000);
+  EXPECT_GE(dev.sim->calls(SimOp::synchronize), syncs + 1000) << "every reuse needs a fence";
+  const DeviceStats st = pool.stats(0);
+  EXPECT_EQ(st.live_blocks, 0u);
+  EXPECT_EQ(st.bytes_allocated, 0u);
+  EXPECT_EQ(st.bytes_cached, st.bytes_reserved);
+}
+
+// The reclaimer's fence covers blocks parked with cudaFree semantics: once it has run, the next
+// allocation of that size takes the block without a fence of its own.
+TEST(PoolLargeCache, ReclaimerFenceCoversBlocksParkedWithCudaFreeSemantics) {
+  TestDevice dev = make_test_device();
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated device";
+  Pool pool(*dev.backend, Config{});
+  Worker w;
+  const DevPtr a = w.run([&] {
+    DevPtr p = 0;
+    EXPECT_EQ(pool.allocate(0, 16 * MiB, kAnyStream, &p), Status::ok);
+    EXPECT_EQ(pool.deallocate(p), Status::ok);
+    return p;
+  });
+  // Wait until the reclaimer has fenced and gone quiet (no synchronize for 50 ms).
+  std::uint64_t syncs = dev.sim->calls(SimOp::synchronize);
+  for (int quiet = 0, i = 0; quiet < 5 && i < 500; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const std::uint64_t now = dev.sim->calls(SimOp::synchronize);
+    quiet = now == syncs && now != 0 ? quiet + 1 : 0;
+    syncs = now;
+  }
+  ASSERT_GT(syncs, 0u) << "the reclaimer never fenced the parked block";
+  const DeviceStats before = pool.stats(0);
+  const DevPtr b = w.run([&] {
+    DevPtr p = 0;
+    EXPECT_EQ(pool.allocate(0, 16 * MiB, kAnyStream, &p), Status::ok);
+    return p;
+  });
+  EXPECT_EQ(b, a);
+  EXPECT_EQ(dev.sim->calls(SimOp::synchronize), syncs) << "fenced again for a covered block";
+  EXPECT_EQ(pool.stats(0).cache_hits, before.cache_hits + 1);
+  EXPECT_EQ(pool.stats(0).fresh, before.fresh);
+  w.run([&] { return pool.deallocate(b); });
 }
 
 TEST(PoolLargeCache, FreeOnAnotherThreadIsNeitherLostNorHandedOutTwice) {
