@@ -380,7 +380,7 @@ bool DevicePool::free_in_arena_locked(Arena& a, DevPtr ptr, Stream stream,
     b->stream = stream;
     b->epoch = epoch_.load();
     if (a.large.can_park(b->size)) {
-      park(a, b, false);
+      park(a, b);
     } else {
       std::lock_guard lock(mu_);
       to_device_pending(b);
@@ -444,7 +444,7 @@ bool DevicePool::fence_arena(Arena& a) noexcept {
   return true;
 }
 
-void DevicePool::park(Arena& a, Block* b, bool device_locked) noexcept {
+void DevicePool::park(Arena& a, Block* b) noexcept {
   Block* evicted[LargeCache::kMaxParked];
   b->arena_fence = a.fences_started;
   const std::size_t n = a.large.park(b, evicted);
@@ -454,13 +454,12 @@ void DevicePool::park(Arena& a, Block* b, bool device_locked) noexcept {
     a.has_pending.store(true, std::memory_order_relaxed);
   }
   if (n == 0) return;
-  std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
-  if (!device_locked) lock.lock();
+  std::lock_guard lock(mu_);
   for (std::size_t i = 0; i < n; ++i) to_device_pending(evicted[i]);
 }
 
-// A block leaving an arena (unparked, or freed with cudaFree semantics) joins the fence queue with
-// the epoch of its free, and its stream's pending set: reusable by that stream at once, by any
+// A block leaving an arena (unparked, or freed where it cannot be parked) joins the fence queue
+// with the epoch of its free, and its stream's pending set: reusable by that stream at once, by any
 // once fenced, and splittable and stitchable like any pending block.
 void DevicePool::to_device_pending(Block* b) noexcept {
   b->arena_owned = false;
@@ -1049,20 +1048,12 @@ void DevicePool::dissolve(View* v) noexcept {
 Status DevicePool::deallocate(DevPtr ptr, Stream stream, Outcome* outcome) noexcept {
   if (!usable_ || !filter_.may_contain(ptr)) return Status::invalid_value;
   // This thread's arena first (its small slots and the large blocks it registered), then the
-  // device pool's live blocks (a free parks the block in this thread's arena:
-  // looked up with the arena's lock held, so that no drain misses it on its way), then the other
-  // arenas (frees from another thread than the allocating one).
+  // device pool's live blocks (large blocks when the arenas' large caches are off), then the
+  // other arenas (frees from another thread than the allocating one: the block is parked in the
+  // arena that registered it).
   Arena& mine = arena_for_thread();
-  bool done = false, device_tried = false;
-  {
-    std::lock_guard arena_lock(mine.mu);
-    done = free_in_arena_locked(mine, ptr, stream, outcome);
-    if (!done && mine.large.enabled()) {
-      done = free_device_block(ptr, stream, outcome, &mine);
-      device_tried = true;
-    }
-  }
-  if (!done && !device_tried) done = free_device_block(ptr, stream, outcome, nullptr);
+  bool done = free_in_arena(mine, ptr, stream, outcome);
+  if (!done && !mine.large.enabled()) done = free_device_block(ptr, stream, outcome);
   for (std::size_t i = 0; !done && i < arenas_.size(); ++i) {
     if (arenas_[i].get() != &mine) done = free_in_arena(*arenas_[i], ptr, stream, outcome);
   }
@@ -1071,8 +1062,7 @@ Status DevicePool::deallocate(DevPtr ptr, Stream stream, Outcome* outcome) noexc
   return Status::ok;
 }
 
-bool DevicePool::free_device_block(DevPtr ptr, Stream stream, Outcome* outcome,
-                                   Arena* park_in) noexcept {
+bool DevicePool::free_device_block(DevPtr ptr, Stream stream, Outcome* outcome) noexcept {
   std::lock_guard lock(mu_);
   auto it = live_.find(ptr);
   if (it == live_.end()) return false;
@@ -1087,13 +1077,7 @@ bool DevicePool::free_device_block(DevPtr ptr, Stream stream, Outcome* outcome,
   peak_.device_allocated.store(stats_.bytes_allocated, std::memory_order_relaxed);
   b->epoch = epoch_.load();
   b->stream = stream;
-  if (park_in != nullptr && park_in->large.can_park(b->size)) {
-    b->arena_owned = true;
-    b->arena = park_in->id;
-    park(*park_in, b, true);
-  } else {
-    to_device_pending(b);
-  }
+  to_device_pending(b);
   return true;
 }
 

@@ -133,9 +133,8 @@ class DevicePool final : private ChunkSource {
   // Frees a small slot or a large block of a's live table (parking it if stream-ordered).
   bool free_in_arena(Arena& a, DevPtr ptr, Stream stream, Outcome* outcome) noexcept;
   bool free_in_arena_locked(Arena& a, DevPtr ptr, Stream stream, Outcome* outcome) noexcept;
-  // Frees a large block of live_ (device lock NOT held); park_in (its lock held): park it there
-  // if stream-ordered.
-  bool free_device_block(DevPtr ptr, Stream stream, Outcome* outcome, Arena* park_in) noexcept;
+  // Frees a large block of live_ (the arenas' large caches off; device lock NOT held).
+  bool free_device_block(DevPtr ptr, Stream stream, Outcome* outcome) noexcept;
   // a's lock held: a parked block of stream for the request, moved to a's live table.
   bool take_parked(Arena& a, std::size_t size, std::size_t rounded, Stream stream, DevPtr* out,
                    Outcome* outcome) noexcept;
@@ -144,7 +143,7 @@ class DevicePool final : private ChunkSource {
   // a's lock held: fences the device for a's parked blocks, without the device lock, if the device
   // looked idle at the last fence (or the pool fences only on demand); false if it did not.
   bool fence_arena(Arena& a) noexcept;
-  void park(Arena& a, Block* b, bool device_locked) noexcept;  // a's lock held
+  void park(Arena& a, Block* b) noexcept;     // a's lock held
   void to_device_pending(Block* b) noexcept;  // device lock and b's arena lock (if any) held
   bool drain_large_caches() noexcept;         // device lock NOT held; true if any moved
   std::uint64_t parked_bytes() const noexcept;
