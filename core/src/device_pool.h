@@ -104,6 +104,7 @@ class DevicePool final : private ChunkSource {
   // --- block bookkeeping ---
   Block* split(Block* b, std::size_t size) noexcept;  // b keeps [0,size), returns the rest
   void make_free(Block* b) noexcept;                  // coalesce and insert into free_
+  void note_free_changed() noexcept;  // after free_ changed: refreshes largest_free_
   void fq_push(Block* b) noexcept;
   void fq_insert_after(Block* pos, Block* b) noexcept;
   void fq_remove(Block* b) noexcept;
@@ -194,6 +195,9 @@ class DevicePool final : private ChunkSource {
   // drops the empty ones).
   std::pmr::unordered_map<Stream, FreeSet> stream_free_{&node_pool_};
   std::pmr::unordered_map<DevPtr, LiveEntry> live_{&node_pool_};
+  // The largest block in free_ (fenced, anyone's), readable without mu_: an arena whose fitting
+  // parked block still waits for a fence asks the device pool first when it may have one.
+  std::atomic<std::size_t> largest_free_{0};
   Block* fq_head_ = nullptr;
   Block* fq_tail_ = nullptr;
   std::atomic<std::uint64_t> epoch_{1};
