@@ -245,8 +245,8 @@ Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
       Block* b = nullptr;
       if (owner != nullptr && owner->large.parked_count() != 0) {
         // Before taking fresh memory, parked blocks that cannot serve the request here go to the
-        // device pool: larger ones of this stream, where they may be split, and for a cudaMalloc
-        // fitting ones a fence did not cover yet, where the fence rules below decide.
+        // device pool (LargeCache::take_for_device): larger ones of this stream, where they may be
+        // split, and for a cudaMalloc every block freed with cudaFree semantics.
         b = take_cached(rounded, stream);
         if (b != nullptr) {
           ++stats_.cache_hits;

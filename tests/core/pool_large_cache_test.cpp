@@ -299,6 +299,36 @@ TEST(PoolLargeCache, ReclaimerFenceCoversBlocksParkedWithCudaFreeSemantics) {
   w.run([&] { return pool.deallocate(b); });
 }
 
+// cudaMalloc of another size: blocks parked with cudaFree semantics go back to the device pool,
+// where they are stitched for it, rather than sit in the arena while fresh memory is taken.
+TEST(PoolLargeCache, CudaMallocOfAnotherSizeGetsTheSmallerParkedBlocks) {
+  TestDevice dev = make_test_device({.map_offset = false});
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated device";
+  Pool pool(*dev.backend, inline_config());
+  Worker w;
+  w.run([&] {
+    std::vector<DevPtr> small(4);
+    for (auto& p : small) EXPECT_EQ(pool.allocate(0, 2 * MiB, kAnyStream, &p), Status::ok);
+    for (auto p : small) EXPECT_EQ(pool.deallocate(p), Status::ok);
+    return 0;
+  });
+  const DeviceStats before = pool.stats(0);
+  ASSERT_EQ(before.bytes_reserved, 8 * MiB);
+  const DevPtr big = w.run([&] {
+    DevPtr p = 0;
+    EXPECT_EQ(pool.allocate(0, 8 * MiB, kAnyStream, &p), Status::ok);
+    return p;
+  });
+  ASSERT_NE(big, 0u);
+  stamp(dev, big, 8 * MiB, 0xb16);
+  EXPECT_TRUE(check(dev, big, 8 * MiB, 0xb16));
+  const DeviceStats after = pool.stats(0);
+  EXPECT_EQ(after.fresh, before.fresh) << "fresh memory while 8 MiB sat parked";
+  EXPECT_EQ(after.bytes_reserved, 8 * MiB);
+  EXPECT_EQ(after.stitches, before.stitches + 1);
+  w.run([&] { return pool.deallocate(big); });
+}
+
 TEST(PoolLargeCache, FreeOnAnotherThreadIsNeitherLostNorHandedOutTwice) {
   TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated device";
