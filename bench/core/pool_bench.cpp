@@ -39,7 +39,13 @@ void BM_CacheHitPairStream(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations());
 }
-BENCHMARK(BM_CacheHitPairStream)->Arg(512)->Arg(64 << 10)->Arg(8 << 20)->Threads(1)->Threads(2)->UseRealTime();
+BENCHMARK(BM_CacheHitPairStream)
+    ->Arg(512)
+    ->Arg(64 << 10)
+    ->Arg(8 << 20)
+    ->Threads(1)
+    ->Threads(2)
+    ->UseRealTime();
 
 // cudaMalloc/cudaFree semantics: every free waits for a fence on the reclaimer thread, so the
 // allocation is served from other fenced cached blocks meanwhile.
@@ -56,10 +62,12 @@ void BM_CacheHitPairAnyStream(benchmark::State& state) {
 }
 BENCHMARK(BM_CacheHitPairAnyStream)->Arg(512)->Arg(8 << 20)->Threads(1)->Threads(2)->UseRealTime();
 
-// Mixed random sizes up to 4 MiB with up to 64 live blocks per thread, stream-ordered.
+// Mixed random sizes up to 4 MiB with up to 64 live blocks per thread: stream-ordered (arg 0) or
+// with cudaFree semantics (arg 1: a freed block is anyone's once a fence has covered it).
 void BM_MixedRandom(benchmark::State& state) {
   Pool& pool = shared_fixture().pool;
-  const Stream stream = 0x2000 + static_cast<Stream>(state.thread_index());
+  const Stream stream =
+      state.range(0) == 0 ? 0x2000 + static_cast<Stream>(state.thread_index()) : kAnyStream;
   std::mt19937_64 rng(state.thread_index() + 1);
   std::vector<DevPtr> live;
   live.reserve(64);
@@ -78,7 +86,7 @@ void BM_MixedRandom(benchmark::State& state) {
   for (DevPtr p : live) pool.deallocate(p, stream);
   state.SetItemsProcessed(state.iterations());
 }
-BENCHMARK(BM_MixedRandom)->Threads(1)->Threads(2)->UseRealTime();
+BENCHMARK(BM_MixedRandom)->Arg(0)->Arg(1)->Threads(1)->Threads(2)->UseRealTime();
 
 // A stitch of 1 GiB from 512 scattered 2 MiB holes (simulated mapping costs, not the GPU's).
 void BM_Stitch1GiB(benchmark::State& state) {
