@@ -246,7 +246,7 @@ Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
       if (owner != nullptr && owner->large.parked_count() != 0) {
         // Before taking fresh memory, parked blocks that cannot serve the request here go to the
         // device pool (LargeCache::take_for_device): larger ones of this stream, where they may be
-        // split, and for a cudaMalloc every block freed with cudaFree semantics.
+        // split, and for a cudaMalloc fitting ones a fence did not cover yet.
         b = take_cached(rounded, stream);
         if (b != nullptr) {
           ++stats_.cache_hits;
@@ -260,7 +260,7 @@ Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
       }
       status = b != nullptr     ? Status::ok
                : rounded < size ? Status::out_of_memory
-                                : allocate_large(size, rounded, stream, &b, outcome);
+                                : allocate_large(size, rounded, stream, &b, outcome, owner);
       if (status == Status::ok) {
         b->requested = size;
         b->stream = stream;
@@ -535,7 +535,7 @@ void DevicePool::release_arena_chunks(bool drop_stream_caches) noexcept {
 }
 
 Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream stream, Block** out,
-                                  Outcome* outcome) noexcept {
+                                  Outcome* outcome, Arena* owner) noexcept {
   (void)size;
   // Each way of serving the request, with its bookkeeping.
   auto cached = [&](bool relaxed) {
@@ -571,6 +571,21 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
       stats_.bytes_pending * 8 >= stats_.bytes_reserved) {
     fence_locked();
     if (cached(false)) return Status::ok;
+  }
+  // Blocks this thread parked with cudaFree semantics that are too small for the request: before
+  // anything is stitched or created, they join the fence queue (and, on an idle device, come back
+  // fenced), so that a cudaMalloc of mixed sizes stitches or reuses them as it would have without
+  // the arena, rather than take fresh memory while they sit parked.
+  if (owner != nullptr && stream == kAnyStream && owner->large.parked_count() != 0) {
+    Block* moved[LargeCache::kMaxParked];
+    const std::size_t n = owner->large.take_for_device(kAnyStream, 0, moved);
+    for (std::size_t i = 0; i < n; ++i) to_device_pending(moved[i]);
+    owner->parked_bytes.store(owner->large.parked_bytes(), std::memory_order_relaxed);
+    if (n != 0 && (!config_.background_reclaim ||
+                   last_fence_ns_.load(std::memory_order_relaxed) < kCheapFenceNs)) {
+      fence_locked();
+      if (cached(false)) return Status::ok;
+    }
   }
   // Cached memory that no single block can serve: stitch it if a few handles do, rather than grow
   // the pool (peak reserved stays close to peak allocated). Many small handles cost more to map

@@ -88,8 +88,9 @@ class DevicePool final : private ChunkSource {
   };
 
   // --- allocation paths (lock held) ---
+  // owner: the calling thread's arena (its lock held) when the block will be registered there.
   Status allocate_large(std::size_t size, std::size_t rounded, Stream stream, Block** out,
-                        Outcome* outcome) noexcept;
+                        Outcome* outcome, Arena* owner = nullptr) noexcept;
   // relaxed: may split a block where the remainder cannot be lent (see device_pool.cpp).
   Block* take_cached(std::size_t rounded, Stream stream, bool relaxed = false) noexcept;
   Block* take_from(FreeSet& set, std::size_t rounded, bool pending, bool relaxed) noexcept;

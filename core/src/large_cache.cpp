@@ -53,7 +53,7 @@ std::size_t LargeCache::take_for_device(Stream stream, std::size_t rounded, Bloc
   for (std::size_t i = 0; i < count_;) {
     const Block* b = parked_[i];
     const bool larger = b->size > rounded && b->size - rounded > rounded / 8;
-    if (b->stream == stream && (larger || stream == kAnyStream)) {
+    if (b->stream == stream && (larger || (stream == kAnyStream && b->size >= rounded))) {
       out[n++] = remove_at(i);
     } else {
       ++i;
