@@ -107,6 +107,7 @@ unsigned assign_arena_index() {
 constexpr std::size_t kLargeBuffer = 20 * MiB;   // PyTorch's slack for oversize blocks
 constexpr std::uint64_t kCheapFenceNs = 50'000;  // a fence this fast means an idle device
 constexpr std::uint64_t kFenceSample = 8;        // an arena times one fence in 8
+constexpr std::uint64_t kInlineFenceNs = 300;    // an arena fence cheaper than the device path
 constexpr std::size_t kCheapStitchPieces = 8;    // ~8 x 27 us of cuMemSetAccess on an H200
 constexpr std::size_t kMaxFreshHandles = 64;     // a fresh block's handles: ~2-4 ms to map at most
 
@@ -407,10 +408,14 @@ bool DevicePool::take_parked(Arena& a, std::size_t size, std::size_t rounded, St
   bool fits_unfenced = false;
   Block* b = a.large.take(stream, rounded, fenced(a), &fits_unfenced);
   if (b == nullptr && fits_unfenced) {
-    // Fenced memory in the device pool serves without waiting for the device (a fence costs
-    // about 0.7 us on an idle H200, the device path a few hundred ns): the arena fences itself
-    // only where there is none, e.g. a steady cudaMalloc/cudaFree loop once its blocks live here.
-    if (largest_free_.load(std::memory_order_relaxed) >= rounded) return false;
+    // Fence here when that costs less than the device path (a few hundred ns, under the device
+    // lock), or when the device pool has no fenced memory to offer. On an idle H200 a fence costs
+    // about 0.7 us, so there a cudaMalloc/cudaFree loop takes fenced memory from the device pool
+    // while the device pool has some, and fences here once its blocks all live in the arena.
+    if (a.last_fence_ns > kInlineFenceNs &&
+        largest_free_.load(std::memory_order_relaxed) >= rounded) {
+      return false;
+    }
     if (!fence_arena(a)) return false;
     b = a.large.take(stream, rounded, fenced(a), &fits_unfenced);
     a.refresh_pending(completed_epoch_.load(std::memory_order_acquire));
