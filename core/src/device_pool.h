@@ -96,9 +96,10 @@ class DevicePool final : private ChunkSource {
   Block* take_from(FreeSet& set, std::size_t rounded, bool pending, bool relaxed) noexcept;
   std::size_t split_point(const Block* b, std::size_t rounded, bool relaxed) const noexcept;
   Status create_fresh(std::size_t rounded, Block** out) noexcept;
-  // max_pieces: give up (changing nothing) if more handles than this would be mapped.
+  // max_pieces, max_total: give up (changing nothing) if more handles than this would be mapped,
+  // or the stitched view would be larger than max_total (surplus whole handles).
   Status stitch(std::size_t rounded, Block** out, std::size_t* pieces,
-                std::size_t max_pieces = SIZE_MAX) noexcept;
+                std::size_t max_pieces = SIZE_MAX, std::size_t max_total = SIZE_MAX) noexcept;
   bool cap_allows(std::size_t bytes) const noexcept;
   void mark_allocated(Block* b, std::size_t requested, Stream stream) noexcept;
 

@@ -354,6 +354,40 @@ TEST(Pool, StitchingWithoutOffsetMappingLendsWholeHandles) {
     ASSERT_TRUE(check(dev, blocks[i], 64 * MiB, i + 1));
 }
 
+// Without offset mapping a stitch lends whole handles. Before fresh memory is taken it stitches
+// only where that wastes little: a free 1 GiB block of 16 MiB handles must not lend a 16 MiB handle
+// to every 4 MiB request (the 12 MiB left in it serve nothing, and the next request stitches
+// again). Once the device is full, though, any handle is lent rather than fail.
+TEST(Pool, StitchBeforeFreshMemoryLendsNoMuchLargerHandle) {
+  TestDevice dev = make_test_device({.capacity = 4 * GiB, .map_offset = false});
+  if (dev.sim == nullptr) GTEST_SKIP();
+  Pool pool(*dev.backend, inline_config());
+  DevPtr big = 0;
+  ASSERT_EQ(pool.allocate(0, 1 * GiB, kAnyStream, &big), Status::ok);  // 64 x 16 MiB handles
+  ASSERT_EQ(pool.deallocate(big), Status::ok);
+  pool.drain_pending(0);
+  const DeviceStats before = pool.stats(0);
+  std::vector<DevPtr> small(3);
+  for (auto& p : small) {
+    ASSERT_EQ(pool.allocate(0, 4 * MiB, kAnyStream, &p), Status::ok);
+    stamp(dev, p, 4 * MiB, p);
+  }
+  DeviceStats st = pool.stats(0);
+  EXPECT_EQ(st.stitches, before.stitches) << "stitched 16 MiB handles for 4 MiB requests";
+  EXPECT_EQ(st.fresh, before.fresh + 3);
+  // The device is now full: a 4 MiB request borrows a 16 MiB handle of the free block.
+  dev.sim->set_external_usage(0, 4 * GiB - dev.sim->used(0));
+  DevPtr last = 0;
+  ASSERT_EQ(pool.allocate(0, 4 * MiB, kAnyStream, &last), Status::ok);
+  stamp(dev, last, 4 * MiB, 99);
+  st = pool.stats(0);
+  EXPECT_EQ(st.stitches, before.stitches + 1);
+  EXPECT_EQ(st.fresh, before.fresh + 3);
+  for (DevPtr p : small) EXPECT_TRUE(check(dev, p, 4 * MiB, p));
+  EXPECT_TRUE(check(dev, last, 4 * MiB, 99));
+  dev.sim->set_external_usage(0, 0);
+}
+
 TEST(Pool, StitchTopsUpWithFreshMemory) {
   TestDevice dev = make_test_device({.capacity = 1 * GiB});
   if (dev.sim == nullptr) GTEST_SKIP();
