@@ -70,6 +70,48 @@ class Worker {
 
 constexpr Stream kS1 = 0x1001, kS2 = 0x1002, kS3 = 0x1003;
 
+// On one thread: an allocate/free pair of 8 MiB on `stream` (kAnyStream: cudaFree semantics), then
+// 1000 more while every device lock is held (what fork preparation does).
+struct LockedLoop {
+  DevPtr first = 0;
+  int same = 0;           // pairs that got `first` back
+  bool finished = false;  // whether the loop completed while the locks were held
+};
+LockedLoop loop_while_device_locked(Pool& pool, Stream stream) {
+  Worker w;
+  LockedLoop r;
+  r.first = w.run([&] {
+    DevPtr p = 0;
+    EXPECT_EQ(pool.allocate(0, 8 * MiB, stream, &p), Status::ok);
+    EXPECT_EQ(pool.deallocate(p, stream), Status::ok);
+    return p;
+  });
+  pool.atfork_prepare();
+  std::atomic<bool> done{false};
+  std::atomic<int> same{0};
+  std::thread loop([&] {
+    w.run([&] {
+      for (int i = 0; i < 1000; ++i) {
+        DevPtr p = 0;
+        if (pool.allocate(0, 8 * MiB, stream, &p) != Status::ok) break;
+        same += p == r.first;
+        if (pool.deallocate(p, stream) != Status::ok) break;
+      }
+      return 0;
+    });
+    done = true;
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!done && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  r.finished = done;
+  pool.atfork_parent();
+  loop.join();
+  r.same = same.load();
+  return r;
+}
+
 }  // namespace
 
 TEST(PoolLargeCache, SameStreamGetsItsBlockBackAtOnceWithItsBytes) {
@@ -111,39 +153,10 @@ TEST(PoolLargeCache, SteadyStateLoopNeverWaitsForTheDeviceLock) {
   TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated device";
   Pool pool(*dev.backend, inline_config());
-  Worker w;
-  const DevPtr first = w.run([&] {
-    DevPtr p = 0;
-    EXPECT_EQ(pool.allocate(0, 8 * MiB, kS1, &p), Status::ok);
-    EXPECT_EQ(pool.deallocate(p, kS1), Status::ok);
-    return p;
-  });
-  ASSERT_NE(first, 0u);
-  // Hold every device lock (what fork preparation does); the worker's loop must still run.
-  pool.atfork_prepare();
-  std::atomic<bool> done{false};
-  std::atomic<int> same{0};
-  std::thread loop([&] {
-    w.run([&] {
-      for (int i = 0; i < 1000; ++i) {
-        DevPtr p = 0;
-        if (pool.allocate(0, 8 * MiB, kS1, &p) != Status::ok) break;
-        same += p == first;
-        if (pool.deallocate(p, kS1) != Status::ok) break;
-      }
-      return 0;
-    });
-    done = true;
-  });
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!done && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  const bool finished_while_locked = done;
-  pool.atfork_parent();
-  loop.join();
-  EXPECT_TRUE(finished_while_locked) << "a stream's allocate/free loop waited for the device lock";
-  EXPECT_EQ(same.load(), 1000);
+  const LockedLoop r = loop_while_device_locked(pool, kS1);
+  ASSERT_NE(r.first, 0u);
+  EXPECT_TRUE(r.finished) << "a stream's allocate/free loop waited for the device lock";
+  EXPECT_EQ(r.same, 1000);
 }
 
 TEST(PoolLargeCache, AnotherStreamNeverGetsAParkedBlockBeforeItsFence) {
@@ -224,39 +237,11 @@ TEST(PoolLargeCache, CudaMallocFreeLoopFencesInItsArenaWithoutTheDeviceLock) {
   TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated device";
   Pool pool(*dev.backend, inline_config());
-  Worker w;
-  const DevPtr first = w.run([&] {
-    DevPtr p = 0;
-    EXPECT_EQ(pool.allocate(0, 8 * MiB, kAnyStream, &p), Status::ok);
-    EXPECT_EQ(pool.deallocate(p), Status::ok);
-    return p;
-  });
-  ASSERT_NE(first, 0u);
   const std::uint64_t syncs = dev.sim->calls(SimOp::synchronize);
-  pool.atfork_prepare();
-  std::atomic<bool> done{false};
-  std::atomic<int> same{0};
-  std::thread loop([&] {
-    w.run([&] {
-      for (int i = 0; i < 1000; ++i) {
-        DevPtr p = 0;
-        if (pool.allocate(0, 8 * MiB, kAnyStream, &p) != Status::ok) break;
-        same += p == first;
-        if (pool.deallocate(p) != Status::ok) break;
-      }
-      return 0;
-    });
-    done = true;
-  });
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!done && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  const bool finished_while_locked = done;
-  pool.atfork_parent();
-  loop.join();
-  EXPECT_TRUE(finished_while_locked) << "a cudaMalloc/cudaFree loop waited for the device lock";
-  EXPECT_EQ(same.load(), 1000);
+  const LockedLoop r = loop_while_device_locked(pool, kAnyStream);
+  ASSERT_NE(r.first, 0u);
+  EXPECT_TRUE(r.finished) << "a cudaMalloc/cudaFree loop waited for the device lock";
+  EXPECT_EQ(r.same, 1000);
   EXPECT_GE(dev.sim->calls(SimOp::synchronize), syncs + 1000) << "every reuse needs a fence";
   const DeviceStats st = pool.stats(0);
   EXPECT_EQ(st.live_blocks, 0u);
