@@ -133,7 +133,7 @@ class DevicePool final : private ChunkSource {
   // --- small objects and the arenas' large caches (arena.h, large_cache.h) ---
   Arena& arena_for_thread() noexcept;
   Status allocate_small(std::size_t size, Stream stream, DevPtr* out, Outcome* outcome) noexcept;
-  // Frees a small slot or a large block of a's live table (parking it if stream-ordered).
+  // Frees a small slot or a large block of a's live table (parking it within the bounds).
   bool free_in_arena(Arena& a, DevPtr ptr, Stream stream, Outcome* outcome) noexcept;
   bool free_in_arena_locked(Arena& a, DevPtr ptr, Stream stream, Outcome* outcome) noexcept;
   // Frees a large block of live_ (the arenas' large caches off; device lock NOT held).

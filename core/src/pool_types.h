@@ -41,7 +41,7 @@ struct Block {
   // arena's and the device's lock, so either lock suffices to read it.
   bool arena_owned = false;
   std::uint16_t arena = 0;  // small_chunk or arena_owned: the arena that owns it
-  // Parked in its arena's large cache: freed (stream-ordered), not allocated, although its state
+  // Parked in its arena's large cache: freed, not allocated, although its state
   // stays `allocated` (the device pool does not touch it). Set and cleared under the arena's lock;
   // read anywhere (e.g. under the device lock, to report the block as pending).
   std::atomic<bool> parked{false};
