@@ -257,6 +257,7 @@ void StatsPublisher::stop() noexcept {
     // remove the parent's record or touch those objects.
     impl_->current.store(nullptr);
     (void)impl_.release();
+    left_in_child_ = true;
     return;
   }
   {
@@ -276,7 +277,7 @@ bool StatsPublisher::active() const noexcept {
 }
 
 std::string StatsPublisher::error() const {
-  if (!impl_) return "out of memory";
+  if (!impl_) return left_in_child_ ? "stopped in a forked child" : "out of memory";
   return impl_->error;
 }
 

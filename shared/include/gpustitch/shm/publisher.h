@@ -92,7 +92,8 @@ class StatsPublisher final : public gpustitch::PoolObserver {
 
  private:
   struct Impl;
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<Impl> impl_;  // null: out of memory at construction, or left by a forked child
+  bool left_in_child_ = false;  // stop() ran in a forked child, which leaks the parent's state
 };
 
 }  // namespace gpustitch::shm
