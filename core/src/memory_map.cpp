@@ -105,7 +105,8 @@ Status DevicePool::memory_map(std::vector<MappedSegment>* out) const noexcept {
         mb.stream = b->stream;
         if (seg.stream == kAnyStream) seg.stream = b->stream;
       } else if (const Block* p = a.large.parked(ref.ptr)) {
-        mb.stream = p->stream;  // freed on it, reusable by it alone until drained
+        // Freed on that stream (kAnyStream: with cudaFree semantics); pending until a fence.
+        mb.stream = p->stream;
       }
       // Neither: it went back to the large pool since the views were read, as pending.
     }
