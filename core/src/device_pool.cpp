@@ -253,10 +253,7 @@ Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
           ++stats_.cache_hits;
           outcome->how = ServedBy::cache;
         } else {
-          Block* moved[LargeCache::kMaxParked];
-          const std::size_t n = owner->large.take_for_device(stream, rounded, moved);
-          for (std::size_t i = 0; i < n; ++i) to_device_pending(moved[i]);
-          owner->parked_bytes.store(owner->large.parked_bytes(), std::memory_order_relaxed);
+          unpark_to_device(*owner, stream, rounded);
         }
       }
       status = b != nullptr     ? Status::ok
@@ -437,10 +434,22 @@ LargeCache::Fenced DevicePool::fenced(const Arena& a) const noexcept {
   return LargeCache::Fenced{completed_epoch_.load(std::memory_order_acquire), a.fences_done};
 }
 
+bool DevicePool::fence_is_cheap(std::uint64_t last_fence_ns) const noexcept {
+  return !config_.background_reclaim || last_fence_ns < kCheapFenceNs;
+}
+
+std::size_t DevicePool::unpark_to_device(Arena& a, Stream stream, std::size_t rounded) noexcept {
+  Block* moved[LargeCache::kMaxParked];
+  const std::size_t n = a.large.take_for_device(stream, rounded, moved);
+  for (std::size_t i = 0; i < n; ++i) to_device_pending(moved[i]);
+  a.parked_bytes.store(a.large.parked_bytes(), std::memory_order_relaxed);
+  return n;
+}
+
 bool DevicePool::fence_arena(Arena& a) noexcept {
-  const std::uint64_t last =
-      std::min(a.last_fence_ns, last_fence_ns_.load(std::memory_order_relaxed));
-  if (config_.background_reclaim && last >= kCheapFenceNs) return false;
+  if (!fence_is_cheap(std::min(a.last_fence_ns, last_fence_ns_.load(std::memory_order_relaxed)))) {
+    return false;
+  }
   const std::uint64_t ticket = ++a.fences_started;  // covers every block parked before it
   // Timed one fence in kFenceSample: two clock reads cost about as much as the rest of a
   // cudaMalloc/cudaFree pair here (30-45 ns each on the GPU host). An untimed fence that meets a
@@ -566,8 +575,7 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
   // Memory waiting for its fence: fence here instead of taking fresh memory if that is cheap,
   // i.e. the last fence found the device idle (a tight allocate/free loop with cudaFree
   // semantics), or if the pool fences only on demand. A busy device is left to the reclaimer.
-  if (fq_head_ != nullptr && (!config_.background_reclaim ||
-                              last_fence_ns_.load(std::memory_order_relaxed) < kCheapFenceNs)) {
+  if (fq_head_ != nullptr && fence_is_cheap(last_fence_ns_.load(std::memory_order_relaxed))) {
     fence_locked();
     if (cached(false)) return Status::ok;
   }
@@ -583,16 +591,11 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
   // anything is stitched or created, they join the fence queue (and, on an idle device, come back
   // fenced), so that a cudaMalloc of mixed sizes stitches or reuses them as it would have without
   // the arena, rather than take fresh memory while they sit parked.
-  if (owner != nullptr && stream == kAnyStream && owner->large.parked_count() != 0) {
-    Block* moved[LargeCache::kMaxParked];
-    const std::size_t n = owner->large.take_for_device(kAnyStream, 0, moved);
-    for (std::size_t i = 0; i < n; ++i) to_device_pending(moved[i]);
-    owner->parked_bytes.store(owner->large.parked_bytes(), std::memory_order_relaxed);
-    if (n != 0 && (!config_.background_reclaim ||
-                   last_fence_ns_.load(std::memory_order_relaxed) < kCheapFenceNs)) {
-      fence_locked();
-      if (cached(false)) return Status::ok;
-    }
+  if (owner != nullptr && stream == kAnyStream && owner->large.parked_count() != 0 &&
+      unpark_to_device(*owner, kAnyStream, 0) != 0 &&
+      fence_is_cheap(last_fence_ns_.load(std::memory_order_relaxed))) {
+    fence_locked();
+    if (cached(false)) return Status::ok;
   }
   // Cached memory that no single block can serve: stitch it if a few handles do, rather than grow
   // the pool (peak reserved stays close to peak allocated). Many small handles cost more to map
@@ -702,7 +705,6 @@ Status DevicePool::map_access(DevPtr ptr, std::size_t size) noexcept {
 
 Status DevicePool::create_fresh(std::size_t rounded, Block** out) noexcept {
   if (!cap_allows(rounded)) return Status::out_of_memory;
-  // One handle, or segment-sized handles where only whole handles can be stitched later.
   // One handle, or handles of segment_mb but at most kMaxFreshHandles of them (each costs a map).
   const std::size_t segment = std::max({align_up(config_.segment_size, granularity_), granularity_,
                                         align_up(rounded / kMaxFreshHandles, granularity_)});
@@ -1167,22 +1169,18 @@ bool DevicePool::fence_pass() noexcept {
   atomic_max(completed_epoch_, target);
   promote_arenas(target);
   Outcome outcome;
-  bool more, drain;
-  {
+  bool more = false;
+  // Returns whether idle memory above the release threshold sits parked in the arenas.
+  auto settle = [&] {
     std::lock_guard lock(mu_);
     promote(target);
     maybe_release_locked(&outcome);
     more = has_pending();
-    // Idle memory above the release threshold that sits parked in the arenas: bring it here (the
-    // arena locks come first, so outside the lock) and release what the fence covered.
-    drain = release_wanted_locked() && parked_bytes() != 0;
-  }
-  if (drain && drain_large_caches()) {
-    std::lock_guard lock(mu_);
-    promote(target);
-    maybe_release_locked(&outcome);
-    more = has_pending();
-  }
+    return release_wanted_locked() && parked_bytes() != 0;
+  };
+  // Parked memory above the threshold is brought here (the arena locks come first, so outside
+  // the device lock) and what the fence covered is released.
+  if (settle() && drain_large_caches()) settle();
   emit(outcome);
   return more;
 }

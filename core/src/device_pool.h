@@ -146,6 +146,11 @@ class DevicePool final : private ChunkSource {
   // a's lock held: fences the device for a's parked blocks, without the device lock, if the device
   // looked idle at the last fence (or the pool fences only on demand); false if it did not.
   bool fence_arena(Arena& a) noexcept;
+  // Whether to fence inline after a fence that took last_fence_ns: the device looked idle, or the
+  // pool fences only on demand.
+  bool fence_is_cheap(std::uint64_t last_fence_ns) const noexcept;
+  // a's lock and the device lock held: LargeCache::take_for_device into the fence queue.
+  std::size_t unpark_to_device(Arena& a, Stream stream, std::size_t rounded) noexcept;
   void park(Arena& a, Block* b) noexcept;     // a's lock held
   void to_device_pending(Block* b) noexcept;  // device lock and b's arena lock (if any) held
   bool drain_large_caches() noexcept;         // device lock NOT held; true if any moved
