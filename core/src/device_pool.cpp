@@ -352,6 +352,7 @@ Status DevicePool::allocate_small(std::size_t size, Stream stream, DevPtr* out,
   SmallAlloc s = a.small.allocate(size, stream, *this);
   tl_arena = nullptr;
   tl_chunk_outcome = nullptr;
+  if (s.fenced) a.refresh_pending(completed_epoch_.load(std::memory_order_acquire));
   if (s.ptr == 0) return Status::out_of_memory;
   a.count_alloc(s.chunk->slot_size, size);
   if (!s.from_new_chunk) ++a.cache_hits;
@@ -1335,10 +1336,16 @@ Block* DevicePool::take_chunk(std::size_t size) noexcept {
   return b;
 }
 
-void DevicePool::return_chunk(Block* b) noexcept {
+void DevicePool::return_chunks(Block* const* blocks, std::size_t n) noexcept {
   std::lock_guard lock(mu_);
-  b->small_chunk = false;
-  make_free(b);  // every slot was fenced before the chunk came back
+  for (std::size_t i = 0; i < n; ++i) {
+    blocks[i]->small_chunk = false;
+    make_free(blocks[i]);  // every slot was fenced before the chunk came back
+  }
+}
+
+bool DevicePool::fence_for_chunk() noexcept {
+  return tl_arena != nullptr && fence_arena(*tl_arena);
 }
 
 // ---------------------------------------------------------------------------------------------

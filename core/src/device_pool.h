@@ -164,7 +164,8 @@ class DevicePool final : private ChunkSource {
 
   // --- ChunkSource for the arenas: take the device lock themselves ---
   Block* take_chunk(std::size_t size) noexcept override;  // for the arena in tl_arena_
-  void return_chunk(Block* block) noexcept override;
+  void return_chunks(Block* const* blocks, std::size_t n) noexcept override;
+  bool fence_for_chunk() noexcept override;  // fence_arena for the arena in tl_arena_
 
   void emit(const Outcome& outcome) noexcept;
   PoolEvent make_event(EventKind kind, std::uint64_t size, std::uint64_t pieces) noexcept;

@@ -29,7 +29,8 @@ SmallPool::SmallPool(std::size_t limit, std::size_t granularity) : limit_(limit)
     for (std::size_t num : {5, 6, 7, 8}) sizes.push_back(static_cast<std::uint32_t>(p * num / 4));
   }
   while (sizes.size() > 1 && sizes[sizes.size() - 2] >= limit) sizes.pop_back();
-  for (auto s : sizes) classes_.push_back(SizeClass{s, {}, 0});
+  for (auto s : sizes) classes_.push_back(SizeClass{s, {}});
+  spare_.reserve(kMaxSpareChunks + 1);
 }
 
 SmallPool::~SmallPool() {
@@ -90,7 +91,6 @@ void SmallPool::remove_partial(Chunk* c) {
 }
 
 void SmallPool::take_slot(Chunk* c, std::uint32_t slot, std::size_t requested) {
-  if (c->live == 0 && c->pending == 0) --classes_[c->cls].empty;
   ++c->gen[slot];
   c->allocated[slot] = 1;
   c->requested[slot] = static_cast<std::uint32_t>(requested);
@@ -115,38 +115,31 @@ SmallAlloc SmallPool::allocate(std::size_t size, Stream stream, ChunkSource& sou
         SlotRef ref = cache.pop_newest();
         take_slot(ref.chunk, ref.slot, size);
         --ref.chunk->pending;
-        return {ref.chunk->base + std::size_t{ref.slot} * ref.chunk->slot_size, ref.chunk, ref.slot,
-                false};
+        return {ref.chunk->base + std::size_t{ref.slot} * ref.chunk->slot_size, ref.chunk,
+                ref.slot};
       }
     }
   }
-  // 2. A fenced free slot.
-  bool from_new = false;
+  // 2. A fenced free slot, from a partial chunk of the class or else a spare or new chunk. Before
+  // a chunk is taken, slots waiting for a fence are fenced here if the source finds that cheap:
+  // nothing is freed into this pool during the fence (its arena's lock is held), so the fence
+  // covers every queued slot.
+  bool from_new = false, fenced = false;
+  if (sc.partial.empty() && !pending_.empty() && source.fence_for_chunk()) {
+    promote(UINT64_MAX, source);
+    fenced = true;
+  }
   if (sc.partial.empty()) {
-    Block* block = source.take_chunk(chunk_size_);
-    if (block == nullptr) return {};
-    auto* c = new Chunk;
-    c->block = block;
-    c->base = block->ptr;
-    c->cls = cls;
-    c->slot_size = sc.size;
-    c->nslots = static_cast<std::uint32_t>(chunk_size_ / sc.size);
-    c->free_slots.resize(c->nslots);
-    for (std::uint32_t i = 0; i < c->nslots; ++i) c->free_slots[i] = c->nslots - 1 - i;
-    c->requested.assign(c->nslots, 0);
-    c->gen.assign(c->nslots, 0);
-    c->allocated.assign(c->nslots, 0);
-    chunks_.emplace(c->base, c);
-    ++sc.empty;
-    add_partial(c);
-    from_new = true;
+    Chunk* fresh = new_chunk(cls, source, &from_new);
+    if (fresh == nullptr) return {};
+    add_partial(fresh);
   }
   Chunk* c = sc.partial.back();
   std::uint32_t slot = c->free_slots.back();
   c->free_slots.pop_back();
   if (c->free_slots.empty()) remove_partial(c);
   take_slot(c, slot, size);
-  return {c->base + std::size_t{slot} * c->slot_size, c, slot, from_new};
+  return {c->base + std::size_t{slot} * c->slot_size, c, slot, from_new, fenced};
 }
 
 void SmallPool::free(Chunk* c, std::uint32_t slot, Stream stream, std::uint64_t epoch) {
@@ -165,14 +158,57 @@ void SmallPool::free(Chunk* c, std::uint32_t slot, Stream stream, std::uint64_t 
   cache.push(ref);
 }
 
-void SmallPool::destroy_chunk(Chunk* c, ChunkSource& source) {
-  // live == pending == 0: no queue or cache entry names the chunk (see the invariant).
-  remove_partial(c);
-  --classes_[c->cls].empty;
-  chunks_.erase(c->base);
-  if (last_chunk_ == c) last_chunk_ = nullptr;
-  source.return_chunk(c->block);
-  delete c;
+void SmallPool::carve(Chunk* c, std::uint32_t cls) {
+  // No queue or cache entry names c (live == pending == 0, or new), so its tables start afresh;
+  // generations only grow, so that a slot index never repeats one it had under an earlier class.
+  const std::uint32_t n = static_cast<std::uint32_t>(chunk_size_ / classes_[cls].size);
+  c->cls = cls;
+  c->slot_size = classes_[cls].size;
+  c->nslots = n;
+  c->free_slots.resize(n);
+  for (std::uint32_t i = 0; i < n; ++i) c->free_slots[i] = n - 1 - i;
+  c->requested.assign(n, 0);
+  c->allocated.assign(n, 0);
+  if (c->gen.size() < n) c->gen.resize(n, 0);
+}
+
+Chunk* SmallPool::new_chunk(std::uint32_t cls, ChunkSource& source, bool* from_source) {
+  if (!spare_.empty()) {
+    // A spare of this class keeps its free list as it is; otherwise the newest spare is carved.
+    std::size_t pick = spare_.size() - 1;
+    for (std::size_t i = spare_.size(); i-- > 0;) {
+      if (spare_[i]->cls == cls) {
+        pick = i;
+        break;
+      }
+    }
+    Chunk* c = spare_[pick];
+    spare_.erase(spare_.begin() + static_cast<std::ptrdiff_t>(pick));
+    if (c->cls != cls) carve(c, cls);
+    return c;
+  }
+  Block* block = source.take_chunk(chunk_size_);
+  if (block == nullptr) return nullptr;
+  auto* c = new Chunk;
+  c->block = block;
+  c->base = block->ptr;
+  carve(c, cls);
+  chunks_.emplace(c->base, c);
+  *from_source = true;
+  return c;
+}
+
+void SmallPool::release_spares(std::size_t n, ChunkSource& source) {
+  Block* blocks[kMaxSpareChunks + 1];
+  for (std::size_t i = 0; i < n; ++i) {
+    Chunk* c = spare_[i];
+    blocks[i] = c->block;
+    chunks_.erase(c->base);
+    if (last_chunk_ == c) last_chunk_ = nullptr;
+    delete c;
+  }
+  spare_.erase(spare_.begin(), spare_.begin() + static_cast<std::ptrdiff_t>(n));
+  if (n > 0) source.return_chunks(blocks, n);
 }
 
 void SmallPool::promote(std::uint64_t epoch, ChunkSource& source) {
@@ -184,22 +220,22 @@ void SmallPool::promote(std::uint64_t epoch, ChunkSource& source) {
     ++c->gen[ref.slot];
     --c->pending;
     c->free_slots.push_back(ref.slot);
-    add_partial(c);
     if (c->live == 0 && c->pending == 0) {
-      SizeClass& sc = classes_[c->cls];
-      ++sc.empty;
-      if (sc.empty > 1) destroy_chunk(c, source);  // keep one spare chunk per class
+      remove_partial(c);
+      spare_.push_back(c);
+      if (spare_.size() > kMaxSpareChunks) {
+        release_spares(spare_.size() - kMaxSpareChunks / 2, source);
+      }
+    } else {
+      add_partial(c);
     }
   }
 }
 
 std::size_t SmallPool::release_empty(ChunkSource& source) {
-  std::vector<Chunk*> empty;
-  for (auto& [base, c] : chunks_) {
-    if (c->live == 0 && c->pending == 0) empty.push_back(c);
-  }
-  for (Chunk* c : empty) destroy_chunk(c, source);
-  return empty.size();
+  const std::size_t n = spare_.size();
+  release_spares(n, source);
+  return n;
 }
 
 Chunk* SmallPool::chunk_of(DevPtr ptr) const {

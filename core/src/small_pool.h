@@ -19,6 +19,17 @@
 // Invariant: a chunk's `pending` count equals the number of entries naming it in the fence queue
 // and the stream caches together, so a chunk with live == pending == 0 is named by none.
 //
+// Empty chunks are the arena's, not their class's: a chunk whose last slot is fenced leaves its
+// class for a short list of spares (kMaxSpareChunks, newest last), and a class that needs a chunk
+// takes a spare before it asks the device pool, re-carving it if it was another class's (no slot
+// names it, so its tables are simply reset, without allocating once they have grown). Why: with
+// mixed sizes the classes near small_limit hold two or three slots per chunk, so their chunks
+// empty and refill all the time. One spare per class sent a chunk back to the device pool, under
+// the device lock and from the reclaimer thread, whenever a second chunk of a class emptied, and
+// the next allocation of that class took one from it again: in pool_bench's mixed-sizes run with
+// cudaFree semantics that churn was the largest use of the device lock. The spares overflow down
+// to half the bound in one device-lock hold.
+//
 // Hot-path costs are kept O(1) without heap allocation in the steady state: the size class is
 // computed (no search), caches are fixed rings, and the last stream's cache is remembered so a
 // stream looping on one thread skips the hash lookup.
@@ -56,18 +67,24 @@ class ChunkSource {
  public:
   virtual ~ChunkSource() = default;
   virtual Block* take_chunk(std::size_t size) noexcept = 0;
-  virtual void return_chunk(Block* block) noexcept = 0;
+  virtual void return_chunks(Block* const* blocks, std::size_t n) noexcept = 0;
+  // Waits for the device if that costs less than taking a chunk; false if it did not.
+  virtual bool fence_for_chunk() noexcept = 0;
 };
 
 struct SmallAlloc {
   DevPtr ptr = 0;
   Chunk* chunk = nullptr;
   std::uint32_t slot = 0;
-  bool from_new_chunk = false;
+  bool from_new_chunk = false;  // a chunk was taken from the source
+  bool fenced = false;          // the source fenced and every queued slot was promoted
 };
 
 class SmallPool {
  public:
+  // Empty chunks an arena keeps for any class (2 MiB each by default).
+  static constexpr std::size_t kMaxSpareChunks = 8;
+
   SmallPool(std::size_t limit, std::size_t granularity);
   ~SmallPool();
 
@@ -78,12 +95,14 @@ class SmallPool {
   // Allocates one slot; ptr == 0 when no chunk could be had.
   SmallAlloc allocate(std::size_t size, Stream stream, ChunkSource& source);
   void free(Chunk* chunk, std::uint32_t slot, Stream stream, std::uint64_t epoch);
-  // Makes slots freed at or before epoch reusable. Returns chunks that became empty beyond one
-  // spare per class to source.
+  // Makes slots freed at or before epoch reusable. Chunks that become empty join the spares; those
+  // beyond kMaxSpareChunks go back to source.
   void promote(std::uint64_t epoch, ChunkSource& source);
   bool has_pending() const { return !pending_.empty(); }
-  // Returns every empty, fenced chunk to source. Returns the number of chunks returned.
+  // Returns every empty, fenced chunk (the spares) to source. Returns the number of chunks
+  // returned.
   std::size_t release_empty(ChunkSource& source);
+  std::size_t spare_chunks() const { return spare_.size(); }
   // Empties the per-stream caches into the fence queue (their slots are reusable by anyone once
   // fenced).
   void drop_stream_caches();
@@ -101,8 +120,7 @@ class SmallPool {
   };
   struct SizeClass {
     std::uint32_t size = 0;
-    std::vector<Chunk*> partial;  // chunks with free slots
-    std::size_t empty = 0;        // chunks with live == pending == 0
+    std::vector<Chunk*> partial;  // chunks with free slots and live + pending > 0
   };
   // A bounded LIFO of one stream's freed slots of one class; the oldest leaves when it is full.
   class SlotRing {
@@ -155,12 +173,18 @@ class SmallPool {
   void add_partial(Chunk* c);
   void remove_partial(Chunk* c);
   void take_slot(Chunk* c, std::uint32_t slot, std::size_t requested);
-  void destroy_chunk(Chunk* c, ChunkSource& source);
+  // A chunk for class cls, carved: a spare (one of that class first), else one from source
+  // (*from_source set). nullptr if source has none.
+  Chunk* new_chunk(std::uint32_t cls, ChunkSource& source, bool* from_source);
+  void carve(Chunk* c, std::uint32_t cls);
+  // Returns spare_[0, n) (the oldest) to source in one call and forgets them.
+  void release_spares(std::size_t n, ChunkSource& source);
 
   std::size_t limit_;
   std::size_t chunk_size_;
   std::vector<SizeClass> classes_;
-  std::map<DevPtr, Chunk*> chunks_;
+  std::map<DevPtr, Chunk*> chunks_;      // every chunk, spares included
+  std::vector<Chunk*> spare_;            // empty chunks (live == pending == 0), oldest first
   mutable Chunk* last_chunk_ = nullptr;  // chunk_of's last answer
   SlotQueue pending_;
   std::unordered_map<Stream, StreamCache> stream_caches_;
