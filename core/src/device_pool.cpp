@@ -270,7 +270,7 @@ Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
           owner->large.add_live(b);
           owner->count_alloc(b->size, size);
         } else {
-          live_.emplace(b->ptr, LiveEntry{b, nullptr, 0});
+          live_.insert(b);
           stats_.bytes_allocated += b->size;
           peak_.device_allocated.store(stats_.bytes_allocated, std::memory_order_relaxed);
           const int bucket = histogram_bucket(size);
@@ -1112,10 +1112,8 @@ Status DevicePool::deallocate(DevPtr ptr, Stream stream, Outcome* outcome) noexc
 
 bool DevicePool::free_device_block(DevPtr ptr, Stream stream, Outcome* outcome) noexcept {
   std::lock_guard lock(mu_);
-  auto it = live_.find(ptr);
-  if (it == live_.end()) return false;
-  Block* b = it->second.block;
-  live_.erase(it);
+  Block* b = live_.take(ptr);
+  if (b == nullptr) return false;
   stats_.bytes_requested -= b->requested;
   --stats_.live_blocks;
   --stats_.hist_live[histogram_bucket(b->requested)];

@@ -12,6 +12,7 @@
 
 #include "address_filter.h"
 #include "arena.h"
+#include "block_table.h"
 #include "gpustitch/backend.h"
 #include "gpustitch/config.h"
 #include "gpustitch/pool.h"
@@ -72,11 +73,6 @@ class DevicePool final : private ChunkSource {
   };
   // Node containers draw from node_pool_ (under mu_), not from malloc, on the hot path.
   using FreeSet = std::pmr::set<Block*, BySize>;
-  struct LiveEntry {
-    Block* block = nullptr;  // large allocation
-    Chunk* chunk = nullptr;  // small allocation
-    std::uint32_t slot = 0;
-  };
   struct Segment {  // a lendable address range inside a free block
     DevPtr ptr;
     std::size_t size;
@@ -202,7 +198,7 @@ class DevicePool final : private ChunkSource {
   // Per stream, its pending blocks; an emptied set is kept for the stream's next free (trim
   // drops the empty ones).
   std::pmr::unordered_map<Stream, FreeSet> stream_free_{&node_pool_};
-  std::pmr::unordered_map<DevPtr, LiveEntry> live_{&node_pool_};
+  BlockTable live_;  // large blocks allocated outside the arenas
   // The largest block in free_ (fenced, anyone's), readable without mu_: an arena whose fitting
   // parked block still waits for a fence asks the device pool first when it may have one.
   std::atomic<std::size_t> largest_free_{0};

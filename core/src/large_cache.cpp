@@ -3,9 +3,7 @@
 
 namespace gpustitch::detail {
 
-LargeCache::LargeCache(std::size_t budget) : budget_(budget) {
-  if (enabled()) live_.reserve(64);  // no rehash while a thread keeps a few dozen blocks live
-}
+LargeCache::LargeCache(std::size_t budget) : budget_(budget) {}
 
 Block* LargeCache::remove_at(std::size_t i) noexcept {
   Block* b = parked_[i];
@@ -83,17 +81,11 @@ const Block* LargeCache::parked(DevPtr ptr) const noexcept {
 }
 
 Block* LargeCache::take_live(DevPtr ptr) noexcept {
-  if (live_.empty()) return nullptr;
-  auto it = live_.find(ptr);
-  if (it == live_.end()) return nullptr;
-  Block* b = it->second;
-  live_.erase(it);
-  return b;
+  return live_.empty() ? nullptr : live_.take(ptr);
 }
 
 const Block* LargeCache::live(DevPtr ptr) const noexcept {
-  auto it = live_.find(ptr);
-  return it == live_.end() ? nullptr : it->second;
+  return live_.find(ptr);
 }
 
 }  // namespace gpustitch::detail

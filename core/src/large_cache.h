@@ -21,7 +21,7 @@
 //     it (device_pool.cpp);
 //   - live blocks: the large blocks this arena handed out (from its parked blocks, or from the
 //     device pool for a request on this arena's thread), so that their frees find them without
-//     the device lock too. Nodes come from a pool, not malloc, in the steady state.
+//     the device lock too (block_table.h: no allocation in the steady state).
 // A thread looping allocate/free of one large size thus takes only its arena's lock.
 //
 // Rules:
@@ -59,9 +59,8 @@
 #pragma once
 
 #include <cstddef>
-#include <memory_resource>
-#include <unordered_map>
 
+#include "block_table.h"
 #include "pool_types.h"
 
 namespace gpustitch::detail {
@@ -108,7 +107,7 @@ class LargeCache {
   std::size_t parked_bytes() const { return parked_bytes_; }
   std::size_t parked_count() const { return count_; }
 
-  void add_live(Block* b) { live_.emplace(b->ptr, b); }
+  void add_live(Block* b) { live_.insert(b); }
   // The live block starting at ptr, removed from the live table; nullptr if none.
   Block* take_live(DevPtr ptr) noexcept;
   // The live block starting at ptr; nullptr if none.
@@ -122,8 +121,7 @@ class LargeCache {
   Block* parked_[kMaxParked] = {};  // oldest first
   std::size_t count_ = 0;
   std::size_t parked_bytes_ = 0;
-  std::pmr::unsynchronized_pool_resource node_pool_;
-  std::pmr::unordered_map<DevPtr, Block*> live_{&node_pool_};
+  BlockTable live_{64};  // no growth while a thread keeps a few dozen blocks live
 };
 
 }  // namespace gpustitch::detail
