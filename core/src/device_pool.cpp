@@ -406,15 +406,7 @@ bool DevicePool::take_parked(Arena& a, std::size_t size, std::size_t rounded, St
   bool fits_unfenced = false;
   Block* b = a.large.take(stream, rounded, fenced(a), &fits_unfenced);
   if (b == nullptr && fits_unfenced) {
-    // Fence here when that costs less than the device path (a few hundred ns, under the device
-    // lock), or when the device pool has no fenced memory to offer. On an idle H200 a fence costs
-    // about 0.7 us, so there a cudaMalloc/cudaFree loop takes fenced memory from the device pool
-    // while the device pool has some, and fences here once its blocks all live in the arena.
-    if (a.last_fence_ns > kInlineFenceNs &&
-        largest_free_.load(std::memory_order_relaxed) >= rounded) {
-      return false;
-    }
-    if (!fence_arena(a)) return false;
+    if (!fence_rather_than_device(a, rounded)) return false;
     b = a.large.take(stream, rounded, fenced(a), &fits_unfenced);
     a.refresh_pending(completed_epoch_.load(std::memory_order_acquire));
   }
@@ -433,6 +425,17 @@ bool DevicePool::take_parked(Arena& a, std::size_t size, std::size_t rounded, St
 
 LargeCache::Fenced DevicePool::fenced(const Arena& a) const noexcept {
   return LargeCache::Fenced{completed_epoch_.load(std::memory_order_acquire), a.fences_done};
+}
+
+bool DevicePool::fence_rather_than_device(Arena& a, std::size_t bytes) noexcept {
+  // Fence here when that costs less than the device path (a few hundred ns, under the device
+  // lock), or when the device pool has no fenced memory to offer. On an idle H200 a fence costs
+  // about 0.7 us, so there a cudaMalloc/cudaFree loop takes fenced memory from the device pool
+  // while the device pool has some, and fences here once its blocks all live in the arena.
+  if (a.last_fence_ns > kInlineFenceNs && largest_free_.load(std::memory_order_relaxed) >= bytes) {
+    return false;
+  }
+  return fence_arena(a);
 }
 
 bool DevicePool::fence_is_cheap(std::uint64_t last_fence_ns) const noexcept {
@@ -1342,8 +1345,8 @@ void DevicePool::return_chunks(Block* const* blocks, std::size_t n) noexcept {
   }
 }
 
-bool DevicePool::fence_for_chunk() noexcept {
-  return tl_arena != nullptr && fence_arena(*tl_arena);
+bool DevicePool::fence_for_chunk(std::size_t size) noexcept {
+  return tl_arena != nullptr && fence_rather_than_device(*tl_arena, size);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -142,6 +142,9 @@ class DevicePool final : private ChunkSource {
   // a's lock held: fences the device for a's parked blocks, without the device lock, if the device
   // looked idle at the last fence (or the pool fences only on demand); false if it did not.
   bool fence_arena(Arena& a) noexcept;
+  // a's lock held: fences as fence_arena does, unless a's fences cost more than the device path
+  // and the device pool holds a fenced block of `bytes` (then the caller takes that instead).
+  bool fence_rather_than_device(Arena& a, std::size_t bytes) noexcept;
   // Whether to fence inline after a fence that took last_fence_ns: the device looked idle, or the
   // pool fences only on demand.
   bool fence_is_cheap(std::uint64_t last_fence_ns) const noexcept;
@@ -161,7 +164,7 @@ class DevicePool final : private ChunkSource {
   // --- ChunkSource for the arenas: take the device lock themselves ---
   Block* take_chunk(std::size_t size) noexcept override;  // for the arena in tl_arena_
   void return_chunks(Block* const* blocks, std::size_t n) noexcept override;
-  bool fence_for_chunk() noexcept override;  // fence_arena for the arena in tl_arena_
+  bool fence_for_chunk(std::size_t size) noexcept override;  // for the arena in tl_arena_
 
   void emit(const Outcome& outcome) noexcept;
   PoolEvent make_event(EventKind kind, std::uint64_t size, std::uint64_t pieces) noexcept;

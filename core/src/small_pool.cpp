@@ -121,11 +121,9 @@ SmallAlloc SmallPool::allocate(std::size_t size, Stream stream, ChunkSource& sou
     }
   }
   // 2. A fenced free slot, from a partial chunk of the class or else a spare or new chunk. Before
-  // a chunk is taken, slots waiting for a fence are fenced here if the source finds that cheap:
-  // nothing is freed into this pool during the fence (its arena's lock is held), so the fence
-  // covers every queued slot.
+  // a chunk is taken, the queued slots are fenced here if the source says so (see small_pool.h).
   bool from_new = false, fenced = false;
-  if (sc.partial.empty() && !pending_.empty() && source.fence_for_chunk()) {
+  if (sc.partial.empty() && !pending_.empty() && source.fence_for_chunk(chunk_size_)) {
     promote(UINT64_MAX, source);
     fenced = true;
   }
