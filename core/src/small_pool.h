@@ -36,7 +36,8 @@
 // free of every queued slot through the fence, so one fence covers them all. Without it, slots
 // freed with cudaFree semantics waited for the reclaimer's pass (every 0.5 ms), and a thread
 // looping over many classes took a chunk from the device pool for each meanwhile: the mixed-sizes
-// benchmark with cudaFree semantics ran at 175 ns per operation on one thread, and slower on two.
+// benchmark with cudaFree semantics ran at 175 ns per operation on one thread, and slower on two
+// (pool_bench, on the 2-core CI machine).
 //
 // Hot-path costs are kept O(1) without heap allocation in the steady state: the size class is
 // computed (no search), caches are fixed rings, and the last stream's cache is remembered so a
