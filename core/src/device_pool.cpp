@@ -108,6 +108,7 @@ constexpr std::size_t kLargeBuffer = 20 * MiB;   // PyTorch's slack for oversize
 constexpr std::uint64_t kCheapFenceNs = 50'000;  // a fence this fast means an idle device
 constexpr std::uint64_t kFenceSample = 8;        // an arena times one fence in 8
 constexpr std::uint64_t kInlineFenceNs = 300;    // an arena fence cheaper than the device path
+constexpr std::size_t kFenceBatch = 8;           // blocks of one size an arena keeps for one fence
 constexpr std::size_t kCheapStitchPieces = 8;    // ~8 x 27 us of cuMemSetAccess on an H200
 constexpr std::size_t kMaxFreshHandles = 64;     // a fresh block's handles: ~2-4 ms to map at most
 
@@ -235,9 +236,10 @@ Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
   for (int attempt = 0; attempt < 2; ++attempt) {
     {
       std::unique_lock<HybridLock> arena_lock;
+      bool grow = false;  // take more memory: the arena's fitting blocks wait for one fence
       if (owner != nullptr) {
         arena_lock = std::unique_lock(owner->mu);
-        if (take_parked(*owner, size, rounded, stream, out, outcome)) {
+        if (take_parked(*owner, size, rounded, stream, out, outcome, &grow)) {
           status = Status::ok;
           break;
         }
@@ -252,13 +254,13 @@ Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
         if (b != nullptr) {
           ++stats_.cache_hits;
           outcome->how = ServedBy::cache;
-        } else {
+        } else if (!grow) {
           unpark_to_device(*owner, stream, rounded);
         }
       }
       status = b != nullptr     ? Status::ok
                : rounded < size ? Status::out_of_memory
-                                : allocate_large(size, rounded, stream, &b, outcome, owner);
+                                : allocate_large(size, rounded, stream, &b, outcome, owner, grow);
       if (status == Status::ok) {
         b->requested = size;
         b->stream = stream;
@@ -401,13 +403,17 @@ bool DevicePool::free_in_arena_locked(Arena& a, DevPtr ptr, Stream stream,
 }
 
 bool DevicePool::take_parked(Arena& a, std::size_t size, std::size_t rounded, Stream stream,
-                             DevPtr* out, Outcome* outcome) noexcept {
+                             DevPtr* out, Outcome* outcome, bool* grow) noexcept {
   if (a.large.parked_count() == 0) return false;
-  bool fits_unfenced = false;
-  Block* b = a.large.take(stream, rounded, fenced(a), &fits_unfenced);
-  if (b == nullptr && fits_unfenced) {
+  std::size_t unfenced = 0;
+  Block* b = a.large.take(stream, rounded, fenced(a), &unfenced);
+  if (b == nullptr && unfenced != 0) {
+    if (grow_rather_than_fence(a, unfenced, rounded)) {
+      *grow = true;
+      return false;
+    }
     if (!fence_rather_than_device(a, rounded)) return false;
-    b = a.large.take(stream, rounded, fenced(a), &fits_unfenced);
+    b = a.large.take(stream, rounded, fenced(a), &unfenced);
     a.refresh_pending(completed_epoch_.load(std::memory_order_acquire));
   }
   if (b == nullptr) return false;
@@ -425,6 +431,17 @@ bool DevicePool::take_parked(Arena& a, std::size_t size, std::size_t rounded, St
 
 LargeCache::Fenced DevicePool::fenced(const Arena& a) const noexcept {
   return LargeCache::Fenced{completed_epoch_.load(std::memory_order_acquire), a.fences_done};
+}
+
+bool DevicePool::grow_rather_than_fence(const Arena& a, std::size_t unfenced,
+                                        std::size_t rounded) const noexcept {
+  // A fence costs more here than the device path (an idle H200: about 0.7 us against a few
+  // hundred ns), so a cudaMalloc/cudaFree loop that fenced for every reuse would pay it on every
+  // pair. Up to kFenceBatch blocks of the size (within 1/16 of large_cache_mb) are taken instead,
+  // and one fence then covers all of them: on the GPU host a 2 MiB loop cost about 1 us per
+  // pair when it fenced every time. Not with reclaim:inline, whose fences are all on demand.
+  return config_.background_reclaim && a.last_fence_ns > kInlineFenceNs && unfenced < kFenceBatch &&
+         (unfenced + 1) * rounded <= config_.large_cache / 16;
 }
 
 bool DevicePool::fence_rather_than_device(Arena& a, std::size_t bytes) noexcept {
@@ -553,7 +570,7 @@ void DevicePool::release_arena_chunks(bool drop_stream_caches) noexcept {
 }
 
 Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream stream, Block** out,
-                                  Outcome* outcome, Arena* owner) noexcept {
+                                  Outcome* outcome, Arena* owner, bool grow) noexcept {
   (void)size;
   // Each way of serving the request, with its bookkeeping.
   auto cached = [&](bool relaxed) {
@@ -576,30 +593,35 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
     return true;
   };
   if (cached(false)) return Status::ok;
-  // Memory waiting for its fence: fence here instead of taking fresh memory if that is cheap,
-  // i.e. the last fence found the device idle (a tight allocate/free loop with cudaFree
-  // semantics), or if the pool fences only on demand. A busy device is left to the reclaimer.
-  if (fq_head_ != nullptr && fence_is_cheap(last_fence_ns_.load(std::memory_order_relaxed))) {
-    fence_locked();
-    if (cached(false)) return Status::ok;
-  }
-  // Much memory waiting for its fence (the program runs ahead of the device, freeing as it goes):
-  // wait for the device rather than grow the pool by what is about to come back anyway.
-  // Stream-ordered allocations (cudaMallocAsync) never make the host wait.
-  if (stream == kAnyStream && fq_head_ != nullptr && stats_.bytes_pending >= rounded &&
-      stats_.bytes_pending * 8 >= stats_.bytes_reserved) {
-    fence_locked();
-    if (cached(false)) return Status::ok;
-  }
-  // Blocks this thread parked with cudaFree semantics that are too small for the request: before
-  // anything is stitched or created, they join the fence queue (and, on an idle device, come back
-  // fenced), so that a cudaMalloc of mixed sizes stitches or reuses them as it would have without
-  // the arena, rather than take fresh memory while they sit parked.
-  if (owner != nullptr && stream == kAnyStream && owner->large.parked_count() != 0 &&
-      unpark_to_device(*owner, kAnyStream, 0) != 0 &&
-      fence_is_cheap(last_fence_ns_.load(std::memory_order_relaxed))) {
-    fence_locked();
-    if (cached(false)) return Status::ok;
+  // The three steps below fence rather than grow. A request that comes to grow
+  // (grow_rather_than_fence) skips them: it stitches or takes fresh memory, and fences only if the
+  // device has none left.
+  if (!grow) {
+    // Memory waiting for its fence: fence here instead of taking fresh memory if that is cheap,
+    // i.e. the last fence found the device idle (a tight allocate/free loop with cudaFree
+    // semantics), or if the pool fences only on demand. A busy device is left to the reclaimer.
+    if (fq_head_ != nullptr && fence_is_cheap(last_fence_ns_.load(std::memory_order_relaxed))) {
+      fence_locked();
+      if (cached(false)) return Status::ok;
+    }
+    // Much memory waiting for its fence (the program runs ahead of the device, freeing as it goes):
+    // wait for the device rather than grow the pool by what is about to come back anyway.
+    // Stream-ordered allocations (cudaMallocAsync) never make the host wait.
+    if (stream == kAnyStream && fq_head_ != nullptr && stats_.bytes_pending >= rounded &&
+        stats_.bytes_pending * 8 >= stats_.bytes_reserved) {
+      fence_locked();
+      if (cached(false)) return Status::ok;
+    }
+    // Blocks this thread parked with cudaFree semantics that are too small for the request: before
+    // anything is stitched or created, they join the fence queue (and, on an idle device, come back
+    // fenced), so that a cudaMalloc of mixed sizes stitches or reuses them as it would have without
+    // the arena, rather than take fresh memory while they sit parked.
+    if (owner != nullptr && stream == kAnyStream && owner->large.parked_count() != 0 &&
+        unpark_to_device(*owner, kAnyStream, 0) != 0 &&
+        fence_is_cheap(last_fence_ns_.load(std::memory_order_relaxed))) {
+      fence_locked();
+      if (cached(false)) return Status::ok;
+    }
   }
   // Cached memory that no single block can serve: stitch it if a few handles do, rather than grow
   // the pool (peak reserved stays close to peak allocated). Many small handles cost more to map

@@ -85,8 +85,9 @@ class DevicePool final : private ChunkSource {
 
   // --- allocation paths (lock held) ---
   // owner: the calling thread's arena (its lock held) when the block will be registered there.
+  // grow: skip fencing for memory that is about to come back (grow_rather_than_fence).
   Status allocate_large(std::size_t size, std::size_t rounded, Stream stream, Block** out,
-                        Outcome* outcome, Arena* owner = nullptr) noexcept;
+                        Outcome* outcome, Arena* owner = nullptr, bool grow = false) noexcept;
   // relaxed: may split a block where the remainder cannot be lent (see device_pool.cpp).
   Block* take_cached(std::size_t rounded, Stream stream, bool relaxed = false) noexcept;
   Block* take_from(FreeSet& set, std::size_t rounded, bool pending, bool relaxed) noexcept;
@@ -135,13 +136,19 @@ class DevicePool final : private ChunkSource {
   // Frees a large block of live_ (the arenas' large caches off; device lock NOT held).
   bool free_device_block(DevPtr ptr, Stream stream, Outcome* outcome) noexcept;
   // a's lock held: a parked block of stream for the request, moved to a's live table.
+  // *grow: none was taken, and the device path should take more memory rather than fence for
+  // the fitting ones (grow_rather_than_fence).
   bool take_parked(Arena& a, std::size_t size, std::size_t rounded, Stream stream, DevPtr* out,
-                   Outcome* outcome) noexcept;
+                   Outcome* outcome, bool* grow) noexcept;
   // a's lock held: which of a's parked blocks a completed fence covers.
   LargeCache::Fenced fenced(const Arena& a) const noexcept;
   // a's lock held: fences the device for a's parked blocks, without the device lock, if the device
   // looked idle at the last fence (or the pool fences only on demand); false if it did not.
   bool fence_arena(Arena& a) noexcept;
+  // Whether a request whose `unfenced` fitting parked blocks all wait for a fence should rather
+  // take one more block, so that one later fence covers several (a's lock held).
+  bool grow_rather_than_fence(const Arena& a, std::size_t unfenced,
+                              std::size_t rounded) const noexcept;
   // a's lock held: fences as fence_arena does, unless a's fences cost more than the device path
   // and the device pool holds a fenced block of `bytes` (then the caller takes that instead).
   bool fence_rather_than_device(Arena& a, std::size_t bytes) noexcept;

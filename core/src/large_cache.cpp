@@ -15,13 +15,14 @@ Block* LargeCache::remove_at(std::size_t i) noexcept {
 }
 
 Block* LargeCache::take(Stream stream, std::size_t rounded, Fenced fenced,
-                        bool* fits_unfenced) noexcept {
+                        std::size_t* unfenced_fits) noexcept {
+  *unfenced_fits = 0;
   std::size_t best = kMaxParked;
   for (std::size_t i = count_; i-- > 0;) {  // newest first: among equals, the warmest block
     const Block* b = parked_[i];
     if (b->size < rounded || b->size - rounded > rounded / 8) continue;
     if ((stream == kAnyStream || b->stream != stream) && !fenced.covers(b)) {
-      *fits_unfenced = true;
+      ++*unfenced_fits;
       continue;
     }
     if (best == kMaxParked || b->size < parked_[best]->size) best = i;

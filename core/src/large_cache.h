@@ -86,9 +86,10 @@ class LargeCache {
   };
   // A parked block for an allocation of `rounded` bytes on `stream` (best fit, at most 1/8
   // larger) that it may use now: freed on that same stream, or covered by a fence. Taken out of
-  // the cache and unmarked; nullptr if none. *fits_unfenced: whether a block that fits waits for a
-  // fence only.
-  Block* take(Stream stream, std::size_t rounded, Fenced fenced, bool* fits_unfenced) noexcept;
+  // the cache and unmarked; nullptr if none. *unfenced_fits: how many blocks that fit wait for a
+  // fence only (counted when none could be taken).
+  Block* take(Stream stream, std::size_t rounded, Fenced fenced,
+              std::size_t* unfenced_fits) noexcept;
   // Parks b (b->stream: the stream it was freed on; b->epoch: the fence epoch of its free).
   // Writes to `evicted` (room for kMaxParked) the oldest blocks that had to leave to keep the
   // bounds, unmarked, and returns their number.
