@@ -38,7 +38,8 @@ inline Result run(std::vector<std::string> argv, std::vector<std::string> env) {
   posix_spawn_file_actions_addopen(&fa, 2, (base + ".err").c_str(), O_WRONLY | O_CREAT | O_TRUNC,
                                    0644);
   env.push_back("PATH=/usr/bin:/bin");
-  if (const char* asan = std::getenv("ASAN_OPTIONS")) env.push_back(std::string("ASAN_OPTIONS=") + asan);
+  if (const char* asan = std::getenv("ASAN_OPTIONS"))
+    env.push_back(std::string("ASAN_OPTIONS=") + asan);
   std::vector<char*> envp, args;
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
