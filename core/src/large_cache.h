@@ -43,6 +43,10 @@
 //     fence and stitch: a cudaMalloc/cudaFree mix of 1-4 MiB otherwise took fresh memory for most
 //     4 MiB requests while 2 MiB frees sat here (56 us per allocation on an H200); handing every
 //     parked block over at every miss instead made it stitch 2 MiB pairs 5,800 times (44 us);
+//   - fence batching: where a fence costs more than the device pool's path (an H200), a request
+//     whose fitting parked blocks all wait for a fence takes one more block instead, and keeps
+//     them parked, while the arena holds fewer than 8 of them within 1/16 of the budget; one
+//     fence then covers them all (DevicePool::grow_rather_than_fence);
 //   - parked blocks are not aged out: an idle thread's arena keeps them (at most the budget per
 //     arena) until a bound, a drain or a later allocation moves them. Blocks freed with cudaFree
 //     semantics mark the arena as pending (Arena::has_pending) until a fence covers them, so the

@@ -111,7 +111,6 @@ class SmallPool {
   // Returns every empty, fenced chunk (the spares) to source. Returns the number of chunks
   // returned.
   std::size_t release_empty(ChunkSource& source);
-  std::size_t spare_chunks() const { return spare_.size(); }
   // Empties the per-stream caches into the fence queue (their slots are reusable by anyone once
   // fenced).
   void drop_stream_caches();
