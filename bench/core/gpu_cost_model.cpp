@@ -12,7 +12,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <span>
 #include <vector>
 
 #include "gpustitch/pool.h"
@@ -21,74 +20,26 @@
 using namespace gpustitch;
 using Clock = std::chrono::steady_clock;
 
-namespace {
-
-void spin(std::chrono::nanoseconds d) {
-  const auto until = Clock::now() + d;
-  while (Clock::now() < until) {
-  }
-}
-
-// The simulated device, each call delayed by what it costs on the H200 (busy-waiting: the
-// caller's thread is held as the driver would hold it).
-class H200Costs final : public Backend {
- public:
-  explicit H200Costs(Backend& inner) : inner_(inner) {}
-  std::uint64_t fences = 0;  // synchronize calls (the caller's thread and the reclaimer's)
-
-  const char* name() const noexcept override { return "sim+h200-costs"; }
-  int device_count() noexcept override { return inner_.device_count(); }
-  std::size_t granularity(int d) noexcept override { return inner_.granularity(d); }
-  bool supports_map_offset(int) noexcept override { return false; }  // as on the H200's driver
-  Status mem_info(int d, std::size_t* f, std::size_t* t) noexcept override {
-    spin(std::chrono::microseconds(1));
-    return inner_.mem_info(d, f, t);
-  }
-  Status reserve(int d, std::size_t n, DevPtr* out) noexcept override {
-    spin(std::chrono::nanoseconds(2600));
-    return inner_.reserve(d, n, out);
-  }
-  Status unreserve(DevPtr p, std::size_t n) noexcept override { return inner_.unreserve(p, n); }
-  Status create(int d, std::size_t n, PhysHandle* out) noexcept override {
-    spin(std::chrono::microseconds(12));
-    return inner_.create(d, n, out);
-  }
-  Status release(PhysHandle h) noexcept override {
-    spin(std::chrono::microseconds(14));
-    return inner_.release(h);
-  }
-  Status map(DevPtr p, std::size_t n, PhysHandle h, std::size_t off) noexcept override {
-    spin(std::chrono::nanoseconds(1500));
-    return inner_.map(p, n, h, off);
-  }
-  Status unmap(DevPtr p, std::size_t n) noexcept override {
-    spin(std::chrono::microseconds(18));
-    return inner_.unmap(p, n);
-  }
-  Status set_access(DevPtr p, std::size_t n, std::span<const int> devices) noexcept override {
-    spin(std::chrono::microseconds(27));
-    return inner_.set_access(p, n, devices);
-  }
-  Status synchronize(int d) noexcept override {
-    __atomic_add_fetch(&fences, 1, __ATOMIC_RELAXED);
-    spin(std::chrono::nanoseconds(700));
-    return inner_.synchronize(d);
-  }
-
- private:
-  Backend& inner_;
-};
-
-}  // namespace
-
 int main(int argc, char** argv) {
   int scale = 1;
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--ops-scale") == 0) scale = std::max(1, std::atoi(argv[i + 1]));
   }
-  SimBackend sim{SimOptions{.devices = 1, .capacity = 80 * GiB, .map_offset = false}};
-  H200Costs backend(sim);
-  Pool pool(backend, Config{});
+  // The H200's costs (map_offset off: its driver maps whole handles only).
+  SimOptions options{.devices = 1, .capacity = 80 * GiB, .map_offset = false};
+  auto cost = [&](SimOp op, std::uint32_t ns) {
+    options.call_ns[static_cast<std::size_t>(op)] = ns;
+  };
+  cost(SimOp::mem_info, 1'000);
+  cost(SimOp::reserve, 2'600);
+  cost(SimOp::create, 12'000);
+  cost(SimOp::release, 14'000);
+  cost(SimOp::map, 1'500);
+  cost(SimOp::unmap, 18'000);
+  cost(SimOp::set_access, 27'000);
+  cost(SimOp::synchronize, 700);
+  SimBackend sim{options};
+  Pool pool(sim, Config{});
   struct Case {
     const char* name;
     std::size_t size;  // 0: random 256 B .. 4 MiB
@@ -115,7 +66,7 @@ int main(int argc, char** argv) {
       DevPtr p = 0;
       if (pool.allocate(0, sizes[i], kAnyStream, &p) == Status::ok) pool.deallocate(p);
     }
-    const std::uint64_t fences_before = __atomic_load_n(&backend.fences, __ATOMIC_RELAXED);
+    const std::uint64_t fences_before = sim.calls(SimOp::synchronize);
     std::vector<double> pair;
     pair.reserve(sizes.size());
     for (std::size_t size : sizes) {
@@ -134,8 +85,7 @@ int main(int argc, char** argv) {
     const DeviceStats st = pool.stats(0);
     std::printf("| %s | %zu | %.0f | %.0f | %.0f | %llu | %.0f | %llu | %llu |\n", c.name,
                 pair.size(), mean, pair[pair.size() / 2], pair[pair.size() * 9 / 10],
-                static_cast<unsigned long long>(__atomic_load_n(&backend.fences, __ATOMIC_RELAXED) -
-                                                fences_before),
+                static_cast<unsigned long long>(sim.calls(SimOp::synchronize) - fences_before),
                 static_cast<double>(st.bytes_reserved) / static_cast<double>(MiB),
                 static_cast<unsigned long long>(st.fresh),
                 static_cast<unsigned long long>(st.stitches));

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <ctime>
@@ -120,6 +121,16 @@ SimBackend::SimBackend(SimOptions options) : options_(options), state_(std::make
 }
 
 namespace {
+// The call's configured cost (SimOptions::call_ns), spent busy-waiting as a driver call would
+// hold its caller.
+void spend(const SimOptions& options, SimOp op) noexcept {
+  const std::uint32_t ns = options.call_ns[static_cast<std::size_t>(op)];
+  if (ns == 0) return;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(ns);
+  while (std::chrono::steady_clock::now() < until) {
+  }
+}
+
 bool valid_shared_name(const std::string& n) {
   if (n.empty() || n.size() > 64) return false;
   for (char c : n) {
@@ -243,6 +254,7 @@ Status SimBackend::device_uuid(int device, DeviceUuid* out) noexcept {
 }
 
 Status SimBackend::mem_info(int device, std::size_t* free, std::size_t* total) noexcept {
+  spend(options_, SimOp::mem_info);
   if (device < 0 || device >= options_.devices) return Status::invalid_device;
   std::lock_guard lock(state_->mu);
   if (Status s = check_fault(SimOp::mem_info); s != Status::ok) return s;
@@ -254,6 +266,7 @@ Status SimBackend::mem_info(int device, std::size_t* free, std::size_t* total) n
 }
 
 Status SimBackend::reserve(int device, std::size_t size, DevPtr* out) noexcept {
+  spend(options_, SimOp::reserve);
   if (device < 0 || device >= options_.devices) return Status::invalid_device;
   if (size == 0 || size % options_.granularity != 0 || out == nullptr) return Status::invalid_value;
   std::lock_guard lock(state_->mu);
@@ -279,6 +292,7 @@ Status SimBackend::reserve(int device, std::size_t size, DevPtr* out) noexcept {
 }
 
 Status SimBackend::unreserve(DevPtr ptr, std::size_t size) noexcept {
+  spend(options_, SimOp::unreserve);
   std::lock_guard lock(state_->mu);
   if (Status s = check_fault(SimOp::unreserve); s != Status::ok) return s;
   auto it = state_->reservations.find(ptr);
@@ -290,6 +304,7 @@ Status SimBackend::unreserve(DevPtr ptr, std::size_t size) noexcept {
 }
 
 Status SimBackend::create(int device, std::size_t size, PhysHandle* out) noexcept {
+  spend(options_, SimOp::create);
   if (device < 0 || device >= options_.devices) return Status::invalid_device;
   if (size == 0 || size % options_.granularity != 0 || out == nullptr) return Status::invalid_value;
   std::lock_guard lock(state_->mu);
@@ -335,6 +350,7 @@ Status SimBackend::create(int device, std::size_t size, PhysHandle* out) noexcep
 }
 
 Status SimBackend::release(PhysHandle handle) noexcept {
+  spend(options_, SimOp::release);
   std::lock_guard lock(state_->mu);
   if (Status s = check_fault(SimOp::release); s != Status::ok) return s;
   auto it = state_->handles.find(handle);
@@ -349,6 +365,7 @@ Status SimBackend::release(PhysHandle handle) noexcept {
 
 Status SimBackend::map(DevPtr ptr, std::size_t size, PhysHandle handle,
                        std::size_t offset) noexcept {
+  spend(options_, SimOp::map);
   const std::size_t g = options_.granularity;
   if (size == 0 || ptr % g != 0 || size % g != 0 || offset % g != 0) return Status::invalid_value;
   std::lock_guard lock(state_->mu);
@@ -373,6 +390,7 @@ Status SimBackend::map(DevPtr ptr, std::size_t size, PhysHandle handle,
 }
 
 Status SimBackend::unmap(DevPtr ptr, std::size_t size) noexcept {
+  spend(options_, SimOp::unmap);
   std::lock_guard lock(state_->mu);
   if (Status s = check_fault(SimOp::unmap); s != Status::ok) return s;
   auto it = state_->mappings.find(ptr);
@@ -385,6 +403,7 @@ Status SimBackend::unmap(DevPtr ptr, std::size_t size) noexcept {
 }
 
 Status SimBackend::set_access(DevPtr ptr, std::size_t size, std::span<const int> devices) noexcept {
+  spend(options_, SimOp::set_access);
   if (size == 0) return Status::invalid_value;
   for (int d : devices) {
     if (d < 0 || d >= options_.devices) return Status::invalid_device;
@@ -411,6 +430,7 @@ Status SimBackend::set_access(DevPtr ptr, std::size_t size, std::span<const int>
 }
 
 Status SimBackend::synchronize(int device) noexcept {
+  spend(options_, SimOp::synchronize);
   if (device < 0 || device >= options_.devices) return Status::invalid_device;
   if (!state_->sync_slow.load(std::memory_order_seq_cst)) {
     static std::atomic<unsigned> next_slot{0};

@@ -16,7 +16,6 @@
 #include <mutex>
 #include <random>
 #include <set>
-#include <span>
 #include <thread>
 #include <vector>
 
@@ -251,58 +250,20 @@ TEST(PoolLargeCache, CudaMallocFreeLoopFencesInItsArenaWithoutTheDeviceLock) {
   EXPECT_EQ(st.bytes_cached, st.bytes_reserved);
 }
 
-// The simulated device with a fence that costs what a real one does (20 us: more than the device
-// pool's path, less than a busy device's), counting fences.
-class CostlyFenceBackend final : public Backend {
- public:
-  explicit CostlyFenceBackend(Backend& inner) : inner_(inner) {}
-  std::atomic<std::uint64_t> fences{0};
-
-  const char* name() const noexcept override { return inner_.name(); }
-  int device_count() noexcept override { return inner_.device_count(); }
-  std::size_t granularity(int d) noexcept override { return inner_.granularity(d); }
-  bool supports_map_offset(int d) noexcept override { return inner_.supports_map_offset(d); }
-  Status mem_info(int d, std::size_t* f, std::size_t* t) noexcept override {
-    return inner_.mem_info(d, f, t);
-  }
-  Status reserve(int d, std::size_t n, DevPtr* out) noexcept override {
-    return inner_.reserve(d, n, out);
-  }
-  Status unreserve(DevPtr p, std::size_t n) noexcept override { return inner_.unreserve(p, n); }
-  Status create(int d, std::size_t n, PhysHandle* out) noexcept override {
-    return inner_.create(d, n, out);
-  }
-  Status release(PhysHandle h) noexcept override { return inner_.release(h); }
-  Status map(DevPtr p, std::size_t n, PhysHandle h, std::size_t off) noexcept override {
-    return inner_.map(p, n, h, off);
-  }
-  Status unmap(DevPtr p, std::size_t n) noexcept override { return inner_.unmap(p, n); }
-  Status set_access(DevPtr p, std::size_t n, std::span<const int> devices) noexcept override {
-    return inner_.set_access(p, n, devices);
-  }
-  Status synchronize(int d) noexcept override {
-    ++fences;
-    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
-    while (std::chrono::steady_clock::now() < until) {
-    }
-    return inner_.synchronize(d);
-  }
-
- private:
-  Backend& inner_;
-};
-
 // Where a fence costs more than the device pool's path, a cudaMalloc/cudaFree loop of one size
 // does not fence for every reuse: its arena keeps a few blocks of the size (at most 8, and 1/16 of
 // large_cache_mb) and one fence covers them all. Every pair still gets intact bytes.
 TEST(PoolLargeCache, CudaMallocFreeLoopWithCostlyFencesSharesOneFenceAmongAFewBlocks) {
-  TestDevice dev = make_test_device();
+  // A fence that costs what a real one does (20 us: more than the device pool's path, less than
+  // a busy device's).
+  SimOptions costly;
+  costly.call_ns[static_cast<std::size_t>(SimOp::synchronize)] = 20'000;
+  TestDevice dev = make_test_device(costly);
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated device";
-  CostlyFenceBackend backend(*dev.backend);
-  Pool pool(backend, Config{});
+  Pool pool(*dev.backend, Config{});
   Worker w;
   std::set<DevPtr> seen;
-  const std::uint64_t fences_before = backend.fences.load();
+  const std::uint64_t fences_before = dev.sim->calls(SimOp::synchronize);
   const bool bytes_ok = w.run([&] {
     bool ok = true;
     for (int i = 0; i < 800; ++i) {
@@ -315,7 +276,7 @@ TEST(PoolLargeCache, CudaMallocFreeLoopWithCostlyFencesSharesOneFenceAmongAFewBl
     }
     return ok;
   });
-  const std::uint64_t fences = backend.fences.load() - fences_before;
+  const std::uint64_t fences = dev.sim->calls(SimOp::synchronize) - fences_before;
   EXPECT_TRUE(bytes_ok);
   EXPECT_GE(seen.size(), 2u) << "every reuse waited for a fence of its own";
   EXPECT_LE(seen.size(), 8u) << "the loop kept more blocks than one fence needs";

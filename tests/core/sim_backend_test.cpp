@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 
 #include "gpustitch/sim_backend.h"
@@ -69,4 +70,19 @@ TEST(SimBackend, DeviceUuidsIdentifyEachSimulatedDevice) {
   EXPECT_NE(a0, b0);        // per backend: two simulated devices are never one GPU
   EXPECT_EQ(a.device_uuid(2, &a0), gpustitch::Status::invalid_device);
   EXPECT_EQ(a.device_uuid(0, nullptr), gpustitch::Status::invalid_value);
+}
+
+// A configured call cost holds the caller at least that long (the cost model's premise); calls
+// without one are not delayed by it, and the call still does its work.
+TEST(SimBackend, ConfiguredCallCostHoldsTheCaller) {
+  SimOptions o;
+  o.call_ns[static_cast<std::size_t>(SimOp::synchronize)] = 2'000'000;  // 2 ms
+  SimBackend sim(o);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(sim.synchronize(0), Status::ok);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(2));
+  EXPECT_EQ(sim.calls(SimOp::synchronize), 1u);
+  PhysHandle h = 0;
+  EXPECT_EQ(sim.create(0, 2 * MiB, &h), Status::ok);
+  EXPECT_EQ(sim.release(h), Status::ok);
 }

@@ -20,7 +20,9 @@
 // operation fail, to test rollback.
 #pragma once
 
+#include <array>
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -29,16 +31,6 @@
 #include "gpustitch/backend.h"
 
 namespace gpustitch {
-
-struct SimOptions {
-  int devices = 1;
-  std::size_t capacity = 80 * GiB;  // per device
-  std::size_t granularity = 2 * MiB;
-  bool map_offset = true;  // whether map() accepts a non-zero handle offset
-  // Non-empty: the device's capacity is shared with every process using the same name (see
-  // above). Letters, digits, '_', '-' and '.', at most 64 characters.
-  std::string shared_name = {};
-};
 
 enum class SimOp : int {
   reserve,
@@ -51,6 +43,20 @@ enum class SimOp : int {
   synchronize,
   mem_info,
   count_
+};
+
+struct SimOptions {
+  int devices = 1;
+  std::size_t capacity = 80 * GiB;  // per device
+  std::size_t granularity = 2 * MiB;
+  bool map_offset = true;  // whether map() accepts a non-zero handle offset
+  // Non-empty: the device's capacity is shared with every process using the same name (see
+  // above). Letters, digits, '_', '-' and '.', at most 64 characters.
+  std::string shared_name = {};
+  // How long each call takes, by SimOp, in ns (0: as fast as the host allows). The calling thread
+  // busy-waits before the call, outside the backend's lock, as a driver call holds its caller:
+  // a pool's policies can then be run against a real GPU's costs (bench/core/gpu_cost_model).
+  std::array<std::uint32_t, static_cast<std::size_t>(SimOp::count_)> call_ns = {};
 };
 
 class SimBackend final : public Backend {
