@@ -53,7 +53,7 @@ TEST(Replay, CountsOutOfMemoryAndSkipsTheFreesOfFailedAllocations) {
               event(TraceAction::free, 0xB000, 2 * GiB),
               event(TraceAction::free, 0xC000, 64),  // never allocated in this trace
               event(TraceAction::free, 0xA000, 1 * GiB)};
-  for (const char* name : {"pytorch", "gpustitch", "gpustitch-no-stitch"}) {
+  for (const char* name : {"pytorch", "expandable-segments", "gpustitch", "gpustitch-no-stitch"}) {
     ReplayResult r = replay_with(name, t, 2 * GiB);
     EXPECT_EQ(r.ooms, 1u) << name;
     EXPECT_EQ(r.first_oom_op, 1) << name;

@@ -57,6 +57,7 @@ TEST(ReplayCli, GeneratesReplaysAndPlots) {
   ASSERT_TRUE(by_name.count("gpustitch"));
   ASSERT_TRUE(by_name.count("gpustitch-no-stitch"));
   ASSERT_TRUE(by_name.count("pytorch"));
+  ASSERT_TRUE(by_name.count("expandable-segments"));
   for (auto& [name, p] : by_name) {
     EXPECT_EQ(p["ooms"], 0) << name;
     EXPECT_GT(p["peak_reserved_bytes"].get<double>(), 0) << name;
@@ -71,9 +72,10 @@ TEST(ReplayCli, GeneratesReplaysAndPlots) {
   }
   EXPECT_EQ(by_name["gpustitch-no-stitch"]["stitches"], 0);
   EXPECT_FALSE(by_name["pytorch"].contains("stitches"));
+  EXPECT_GT(by_name["expandable-segments"]["maps"].get<long>(), 0);
   std::string plot = slurp(svg);
   EXPECT_EQ(plot.rfind("<svg", 0), 0u);
-  EXPECT_EQ(count_of(plot, "<polyline"), 2 * 3);  // reserved + allocated per policy
+  EXPECT_EQ(count_of(plot, "<polyline"), 2 * 4);  // reserved + allocated per policy
   EXPECT_NE(plot.find("pytorch reserved"), std::string::npos);
 
   // The written trace reads back with no bad lines and replays the same way.
