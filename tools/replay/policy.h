@@ -63,6 +63,12 @@ struct PolicyEnv {
   std::string pool_conf;
 };
 
+// How long a fence takes on the simulated device the gpustitch policies replay on, in ns
+// (SimOptions::call_ns). The pool takes some decisions by how long its last fence took, over or
+// under a few hundred ns; at the simulator's natural cost (tens of ns) host noise decided them
+// and the same trace replayed to different figures. About what a fence costs on an idle H200.
+inline constexpr std::uint32_t kSimFenceNs = 700;
+
 using PolicyFactory =
     std::function<std::unique_ptr<ReplayPolicy>(const PolicyEnv& env, std::string* why)>;
 

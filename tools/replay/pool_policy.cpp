@@ -37,8 +37,7 @@ class PoolPolicy final : public ReplayPolicy {
       backend = make_backend(c, why);
       if (!backend) return nullptr;
     } else {
-      backend = std::make_unique<SimBackend>(
-          SimOptions{env.devices, env.capacity, env.granularity, env.map_offset});
+      backend = std::make_unique<SimBackend>(sim_options(env));
     }
     if (backend->device_count() < env.devices) {
       if (why) *why = "the trace uses more devices than the backend has";
@@ -72,6 +71,12 @@ class PoolPolicy final : public ReplayPolicy {
   }
 
  private:
+  // The simulated fence takes kSimFenceNs (policy.h: why), at least: the simulator busy-waits.
+  static SimOptions sim_options(const PolicyEnv& env) {
+    SimOptions o{env.devices, env.capacity, env.granularity, env.map_offset};
+    o.call_ns[static_cast<std::size_t>(SimOp::synchronize)] = kSimFenceNs;
+    return o;
+  }
   static Config make_config(bool stitching) {
     Config c;
     c.stitching = stitching;
