@@ -3,44 +3,17 @@
 // Where an allocation comes from, in order:
 //   1. small requests (< small_limit) go to the small-object pool (small_pool.h), which takes
 //      whole chunks from here;
-//   2. a cached block: best fit among fenced free blocks (or among blocks the same stream freed,
-//      which stream order makes safe at once), split if larger; max_split_size keeps oversize
-//      blocks for large requests, as PYTORCH_CUDA_ALLOC_CONF's max_split_size_mb does;
-//   3. fresh physical memory: ONE handle of the whole rounded size, in a "home" view of its own.
-//      Mapping cost is per handle (about 27 us for cuMemSetAccess on an H200, whatever the size),
-//      so a fresh block is never built from granule-sized pieces;
-//   4. stitching, when the device (or the configured cap) cannot give fresh memory: the physical
-//      memory behind free blocks, wherever they lie, is mapped side by side into a new address
-//      range (a "stitched" view), topped up with a fresh handle if the free blocks are not
-//      enough. The source blocks stay in their views, marked "lent", so their bytes are never
-//      handed out twice; the stitched view is cached and reused like any other;
-//   5. trim (release wholly free views back to the driver, dissolve idle stitched views) and try
-//      3 and 4 again; only then out-of-memory.
-// An allocation therefore fails only when the request exceeds device free + pool free memory.
-//
-// Handle size trade-off: one big handle is cheap to map but can only be lent (stitched) whole;
-// small handles stitch freely but each costs a map and about 27 us of cuMemSetAccess. A free
-// piece of a partly used handle can be stitched only where the driver maps at a non-zero offset
-// into a handle (Backend::supports_map_offset). Measured on an H200 (driver 580, CUDA 13.0,
-// tools/gpu/vmm_probe): cuMemMap at a 2 MiB offset returns CUDA_ERROR_NOT_SUPPORTED, and 1 GiB
-// costs 0.11 ms to create+map+set-access as one handle, about 0.6 ms as 16 x 64 MiB handles and
-// 18 ms as 512 x 2 MiB handles. So where offsets are not supported:
-//   - a fresh allocation larger than segment_mb (default 2 MiB, the granularity) is built from
-//     handles of segment_mb, or of 1/64 of the allocation if that is larger (so at most 64 maps,
-//     a few ms, per fresh block), mapped side by side with one cuMemSetAccess over the range; at
-//     most one handle of any block can ever be pinned by a split. Small handles trade a slower
-//     fresh allocation for reuse: with 64 MiB handles a training loop whose tensor sizes change
-//     every step (PyTorch's cache off, the GPT of bench/gpu/e2e) found a fitting cached block so
-//     rarely that the pool stitched about 350 times per step; with 2 MiB handles (at most 64 per
-//     block) it stitches a handful of times per run, at the same or lower peak reserved and a
-//     higher throughput (README, "The handle-size decision");
-//   - a cached block is never cut inside a handle: an allocation is rounded up to the next handle
-//     boundary (or takes the block whole) if that wastes at most 1/8; otherwise fresh memory is
-//     taken, and only once the device is full (after stitching) is any waste accepted. So every
-//     free byte always sits in a whole free handle, ready to be stitched;
-//   - stitching lends whole handles, the last one chosen best-fit, and the stitched view may come
-//     out larger than asked (the surplus stays free and lendable in the stitched view).
-// Where offsets are supported, a fresh allocation is one handle and any free block can be lent.
+//   2. a block the thread's arena parked (large_cache.h), without the device lock;
+//   3. a cached block: best fit among fenced free blocks of the device's address space (or among
+//      blocks the same stream freed, which stream order makes safe at once), cut at 512 B;
+//      max_split_size keeps oversize blocks for large requests, as PYTORCH_CUDA_ALLOC_CONF's
+//      max_split_size_mb does;
+//   4. the large-block heap's miss path (large_heap.cpp): the place in the address space that
+//      needs the least new physical memory, backed by spare and idle handles moved from free
+//      blocks elsewhere (stitching), and fresh handles only for what they cannot cover;
+//   5. fence pending frees, trim (give idle handles back to the driver) and try 4 again; only
+//      then out-of-memory.
+// An allocation therefore fails only when the request exceeds device free + pool idle memory.
 //
 // Frees never wait for the device: memory is queued with a fence epoch (reclaimer.cpp).
 //
@@ -55,7 +28,7 @@
 //
 // Thread safety: one lock per device (a std::mutex; the arenas use HybridLock) guards everything
 // here but the arenas (lock order: arena, then device); backend calls on the slow paths (create,
-// map, stitch) run under it, as cudaMalloc does in PyTorch's allocator. Observer callbacks run
+// map, move) run under it, as cudaMalloc does in PyTorch's allocator. Observer callbacks run
 // after the mutex is released.
 #include "device_pool.h"
 
@@ -109,8 +82,15 @@ constexpr std::uint64_t kCheapFenceNs = 50'000;  // a fence this fast means an i
 constexpr std::uint64_t kFenceSample = 8;        // an arena times one fence in 8
 constexpr std::uint64_t kInlineFenceNs = 300;    // an arena fence cheaper than the device path
 constexpr std::size_t kFenceBatch = 8;           // blocks of one size an arena keeps for one fence
-constexpr std::size_t kCheapStitchPieces = 8;    // ~8 x 27 us of cuMemSetAccess on an H200
-constexpr std::size_t kMaxFreshHandles = 64;     // a fresh block's handles: ~2-4 ms to map at most
+constexpr std::size_t kMinBlock = 512;           // large blocks are cut at 512 B, as PyTorch's
+
+LargeHeap::Options heap_options(Backend& backend, const Config& config, int device) {
+  LargeHeap::Options o;
+  o.granularity = std::max<std::size_t>(backend.granularity(device), 1);
+  o.max_handle = config.segment_size;
+  o.move = config.stitching;
+  return o;
+}
 
 void atomic_max(std::atomic<std::uint64_t>& a, std::uint64_t v) {
   std::uint64_t cur = a.load(std::memory_order_relaxed);
@@ -135,16 +115,18 @@ std::uint64_t now_ns() {
 }  // namespace
 
 DevicePool::DevicePool(Backend& backend, const Config& config, int device, PoolObserver* observer)
-    : backend_(backend), config_(config), device_(device), observer_(observer), reclaimer_([this] {
-        return fence_pass();
-      }) {
+    : backend_(backend),
+      config_(config),
+      device_(device),
+      observer_(observer),
+      heap_(backend, device, heap_options(backend, config, device), &node_pool_),
+      reclaimer_([this] { return fence_pass(); }) {
   granularity_ = backend_.granularity(device_);
-  map_offset_ = backend_.supports_map_offset(device_);
   std::size_t free = 0, total = 0;
-  usable_ = granularity_ != 0 && backend_.mem_info(device_, &free, &total) == Status::ok;
+  usable_ = granularity_ != 0 && backend_.mem_info(device_, &free, &total) == Status::ok &&
+            heap_.init(total) == Status::ok;
   total_ = total;
   last_device_free_ = free;
-  access_.push_back(device_);
   for (unsigned i = 0; i < arena_slots(); ++i) {
     arenas_.push_back(std::make_unique<Arena>(config_.small_limit,
                                               std::max<std::size_t>(granularity_, 1),
@@ -152,32 +134,29 @@ DevicePool::DevicePool(Backend& backend, const Config& config, int device, PoolO
   }
   stats_.device_total = total;
   stats_.device_free = free;
+  sync_physical();
 }
 
 DevicePool::~DevicePool() {
-  reclaimer_.stop();     // no fence pass may run while the views go away
-  drain_large_caches();  // the arenas must not keep pointers to blocks deleted below
-  // Everything is given back, live blocks included: the pool dies with its process (or test).
+  reclaimer_.stop();     // no fence pass may run while the heap goes away
+  drain_large_caches();  // the arenas must not keep pointers to blocks deleted with the heap
+  // Everything is given back, live blocks included, by the heap's destructor: the pool dies with
+  // its process (or test).
   std::lock_guard lock(mu_);
-  for (auto& [base, v] : views_) {
-    for (const Piece& p : v->pieces) backend_.unmap(v->base + p.offset, p.size);
-    backend_.unreserve(v->base, v->size);
-  }
-  for (auto& [base, v] : views_) {
-    for (Handle* h : v->owned) {
-      backend_.release(h->id);
-      delete h;
-    }
-    for (Block* b = v->first; b != nullptr;) {
-      Block* next = b->next;
-      delete b;
-      b = next;
-    }
-    delete v;
-  }
-  views_.clear();
-  retry_teardown();
-  for (Handle* h : failed_releases_) delete h;
+  stream_free_.clear();
+}
+
+void DevicePool::sync_physical() noexcept {
+  stats_.bytes_reserved = heap_.reserved_bytes();
+  stats_.bytes_mapped = heap_.mapped_bytes();
+  stats_.handles = heap_.handle_count();
+  stats_.views = heap_.span_count();
+  stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.bytes_reserved);
+}
+
+std::size_t DevicePool::fresh_allowance() const noexcept {
+  const std::size_t cap = cap_bytes();
+  return heap_.reserved_bytes() >= cap ? 0 : cap - heap_.reserved_bytes();
 }
 
 std::size_t DevicePool::cap_bytes() const noexcept {
@@ -190,10 +169,6 @@ std::size_t DevicePool::cap_bytes() const noexcept {
   return cap;
 }
 
-bool DevicePool::cap_allows(std::size_t bytes) const noexcept {
-  std::size_t cap = cap_bytes();
-  return stats_.bytes_reserved <= cap && bytes <= cap - stats_.bytes_reserved;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Allocation
@@ -228,7 +203,7 @@ Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
     emit(*outcome);
     return s;
   }
-  const std::size_t rounded = align_up(size, granularity_);
+  const std::size_t rounded = align_up(size, kMinBlock);
   // The thread's arena serves from its parked blocks, and otherwise registers the block the device
   // pool serves, so that its free needs no device lock either.
   Arena* owner = config_.large_cache != 0 && rounded >= size ? &arena_for_thread() : nullptr;
@@ -572,37 +547,24 @@ void DevicePool::release_arena_chunks(bool drop_stream_caches) noexcept {
 Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream stream, Block** out,
                                   Outcome* outcome, Arena* owner, bool grow) noexcept {
   (void)size;
-  // Each way of serving the request, with its bookkeeping.
-  auto cached = [&](bool relaxed) {
-    Block* b = take_cached(rounded, stream, relaxed);
+  auto cached = [&] {
+    Block* b = take_cached(rounded, stream);
     if (b == nullptr) return false;
     ++stats_.cache_hits;
     outcome->how = ServedBy::cache;
     *out = b;
     return true;
   };
-  auto stitched = [&](std::size_t max_pieces, std::size_t max_total) {
-    std::size_t pieces = 0;
-    if (!config_.stitching || stitch(rounded, out, &pieces, max_pieces, max_total) != Status::ok) {
-      return false;
-    }
-    ++stats_.stitches;
-    stats_.stitched_bytes += rounded;
-    outcome->how = ServedBy::stitched;
-    outcome->add(make_event(EventKind::stitch, rounded, pieces));
-    return true;
-  };
-  if (cached(false)) return Status::ok;
+  if (cached()) return Status::ok;
   // The three steps below fence rather than grow. A request that comes to grow
-  // (grow_rather_than_fence) skips them: it stitches or takes fresh memory, and fences only if the
-  // device has none left.
+  // (grow_rather_than_fence) skips them, and fences only if the device has no memory left.
   if (!grow) {
-    // Memory waiting for its fence: fence here instead of taking fresh memory if that is cheap,
+    // Memory waiting for its fence: fence here instead of taking more memory if that is cheap,
     // i.e. the last fence found the device idle (a tight allocate/free loop with cudaFree
     // semantics), or if the pool fences only on demand. A busy device is left to the reclaimer.
     if (fq_head_ != nullptr && fence_is_cheap(last_fence_ns_.load(std::memory_order_relaxed))) {
       fence_locked();
-      if (cached(false)) return Status::ok;
+      if (cached()) return Status::ok;
     }
     // Much memory waiting for its fence (the program runs ahead of the device, freeing as it goes):
     // wait for the device rather than grow the pool by what is about to come back anyway.
@@ -610,423 +572,104 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
     if (stream == kAnyStream && fq_head_ != nullptr && stats_.bytes_pending >= rounded &&
         stats_.bytes_pending * 8 >= stats_.bytes_reserved) {
       fence_locked();
-      if (cached(false)) return Status::ok;
+      if (cached()) return Status::ok;
     }
     // Blocks this thread parked with cudaFree semantics that are too small for the request: before
-    // anything is stitched or created, they join the fence queue (and, on an idle device, come back
-    // fenced), so that a cudaMalloc of mixed sizes stitches or reuses them as it would have without
-    // the arena, rather than take fresh memory while they sit parked.
+    // the heap maps anything, they join the fence queue (and, on an idle device, come back
+    // fenced), so that they merge with their neighbours and their handles can move.
     if (owner != nullptr && stream == kAnyStream && owner->large.parked_count() != 0 &&
         unpark_to_device(*owner, kAnyStream, 0) != 0 &&
         fence_is_cheap(last_fence_ns_.load(std::memory_order_relaxed))) {
       fence_locked();
-      if (cached(false)) return Status::ok;
+      if (cached()) return Status::ok;
     }
   }
-  // Cached memory that no single block can serve: stitch it if a few handles do, rather than grow
-  // the pool (peak reserved stays close to peak allocated). Many small handles cost more to map
-  // than fresh memory costs to create, so then fresh memory is taken first.
-  // Only where it wastes little, as for a cut (split_point): a stitch that lends one 16 MiB handle
-  // for a 4 MiB request leaves 12 MiB that nothing can use, and the next request of that size
-  // stitches again (measured with a cudaMalloc/cudaFree mix of 1-4 MiB beside a free 1 GiB block
-  // of 16 MiB handles: half the allocations were stitches, ~45 us each on an H200); fresh memory
-  // costs about the same once and is then reused.
-  if (stitched(kCheapStitchPieces, rounded + rounded / 8)) return Status::ok;
   for (int attempt = 0; attempt < 2; ++attempt) {
-    if (create_fresh(rounded, out) == Status::ok) {
-      ++stats_.fresh;
-      outcome->how = ServedBy::fresh;
-      return Status::ok;
-    }
-    // No fresh memory: memory still waiting for its fence is the cheapest to get back.
+    if (grow_heap(rounded, out, outcome)) return Status::ok;
+    // No memory to back it: memory still waiting for its fence is the cheapest to get back.
     if (has_pending()) {
       fence_locked();
-      if (cached(false)) return Status::ok;
+      if (cached() || grow_heap(rounded, out, outcome)) return Status::ok;
     }
-    if (stitched(SIZE_MAX, SIZE_MAX)) return Status::ok;
-    // The device is full: a cached block may now be cut with any waste (never inside a handle
-    // where only whole handles can be stitched).
-    if (cached(true)) return Status::ok;
-    // Give idle memory back to the driver (whole free views, idle stitched views) and retry:
-    // PyTorch's free-cache-and-retry, which also heals fragmentation when stitching is off.
+    // Give idle handles back to the driver and retry: handles too large to fit the gap (or, with
+    // stitching off, any idle handle) come back as fresh memory of the right size. PyTorch's
+    // free-cache-and-retry.
     if (attempt == 0 && trim_locked(0, outcome) == 0) break;
-    if (cached(false)) return Status::ok;
   }
   return Status::out_of_memory;
 }
 
-Block* DevicePool::take_cached(std::size_t rounded, Stream stream, bool relaxed) noexcept {
+bool DevicePool::grow_heap(std::size_t rounded, Block** out, Outcome* outcome) noexcept {
+  LargeHeap::Growth g;
+  const Status s = heap_.grow(rounded, fresh_allowance(), out, &g);
+  sync_physical();  // a failed grow may still have moved handles (they stay spares)
+  note_free_changed();
+  if (s != Status::ok) return false;
+  if (g.fresh_bytes != 0) ++stats_.fresh;
+  if (g.moved_handles + g.spare_handles != 0) {
+    ++stats_.stitches;
+    stats_.stitched_bytes += rounded;
+    outcome->add(make_event(EventKind::stitch, rounded, g.moved_handles + g.spare_handles));
+  }
+  outcome->how = g.fresh_bytes != 0                           ? ServedBy::fresh
+                 : g.moved_handles + g.spare_handles != 0 ? ServedBy::stitched
+                                                              : ServedBy::cache;
+  if (outcome->how == ServedBy::cache) ++stats_.cache_hits;
+  return true;
+}
+
+Block* DevicePool::take_cached(std::size_t rounded, Stream stream) noexcept {
   if (stream != kAnyStream && !stream_free_.empty()) {
     auto it = stream_free_.find(stream);
     if (it != stream_free_.end()) {
-      if (Block* b = take_from(it->second, rounded, true, relaxed)) return b;
+      if (Block* b = take_from(it->second, rounded, true)) return b;
     }
   }
-  return take_from(free_, rounded, false, relaxed);
+  return take_from(heap_.free_blocks(), rounded, false);
 }
 
-// Where to cut b for an allocation of rounded bytes: rounded itself, b->size (use it whole), or
-// 0 (do not use b). Without offset mapping, a remainder that starts inside a handle cannot be
-// lent to a stitch, so the cut goes on a handle boundary when that wastes little.
-std::size_t DevicePool::split_point(const Block* b, std::size_t rounded,
-                                    bool relaxed) const noexcept {
-  if (b->size == rounded || map_offset_ || relaxed) return rounded;
-  const View* v = b->view;
-  const std::size_t cut = b->ptr + rounded - v->base;  // offset of the cut in the view
-  std::size_t boundary = 0;
-  for (const Piece& p : v->pieces) {
-    if (p.offset + p.size >= cut) {
-      boundary = p.offset == cut ? cut : p.offset + p.size;
-      break;
-    }
-  }
-  const std::size_t to_boundary = boundary - (b->ptr - v->base);
-  // Never cut inside a handle: the rest of it could not be lent. Round up to the boundary (or
-  // use the block whole) if that wastes little, or whatever it wastes once the device is full.
-  const std::size_t cut_at = std::min(to_boundary, b->size);
-  return relaxed || cut_at - rounded <= rounded / 8 ? cut_at : 0;
-}
-
-Block* DevicePool::take_from(FreeSet& set, std::size_t rounded, bool pending,
-                             bool relaxed) noexcept {
+Block* DevicePool::take_from(FreeSet& set, std::size_t rounded, bool pending) noexcept {
   Block probe;
   probe.size = rounded;
   probe.ptr = 0;
   const std::size_t max_split = config_.max_split_size;
   auto it = set.lower_bound(&probe);
-  std::size_t cut = 0;
-  // Best fit; without offset mapping, the few next candidates too, for one with a good cut.
-  for (int tries = 0; it != set.end() && tries < 8; ++it, ++tries) {
-    const Block* b = *it;
-    if (rounded < max_split && b->size >= max_split) return nullptr;
-    if (rounded >= max_split && b->size >= rounded + kLargeBuffer) return nullptr;
-    cut = b->size >= max_split ? b->size : split_point(b, rounded, relaxed);
-    if (cut != 0) break;
-  }
-  if (it == set.end() || cut == 0) return nullptr;
+  if (it == set.end()) return nullptr;
   Block* b = *it;
+  if (rounded < max_split && b->size >= max_split) return nullptr;
+  if (rounded >= max_split && b->size >= rounded + kLargeBuffer) return nullptr;
+  // Oversize blocks are used whole (max_split_size); others are cut at the request.
+  const std::size_t cut = b->size >= max_split ? b->size : rounded;
   set.erase(it);
-  if (b->size > cut) {
-    Block* rest = split(b, cut);
+  Block* rest = b->size > cut ? heap_.split(b, cut) : nullptr;  // nullptr: used whole
+  if (rest != nullptr) {
     if (pending) {
       // The remainder stays queued for its fence, right where b was, and reusable by the stream.
       fq_insert_after(b, rest);
       set.insert(rest);
-      stats_.bytes_pending -= b->size;
     } else {
-      free_.insert(rest);
+      heap_.free_blocks().insert(rest);
     }
-  } else if (pending) {
-    stats_.bytes_pending -= b->size;
   }
-  if (pending) fq_remove(b);
+  if (pending) {
+    stats_.bytes_pending -= b->size;  // b's share; the remainder stays pending
+    fq_remove(b);
+  }
   b->state = BlockState::allocated;
   note_free_changed();
   return b;
 }
 
-Status DevicePool::map_access(DevPtr ptr, std::size_t size) noexcept {
-  return backend_.set_access(ptr, size, std::span<const int>(access_.data(), access_.size()));
-}
-
-Status DevicePool::create_fresh(std::size_t rounded, Block** out) noexcept {
-  if (!cap_allows(rounded)) return Status::out_of_memory;
-  // One handle, or handles of segment_mb but at most kMaxFreshHandles of them (each costs a map).
-  const std::size_t segment = std::max({align_up(config_.segment_size, granularity_), granularity_,
-                                        align_up(rounded / kMaxFreshHandles, granularity_)});
-  const std::size_t count = map_offset_ ? 1 : (rounded + segment - 1) / segment;
-  // Host bookkeeping first, before the driver is asked for anything: running out of host memory
-  // then changes nothing. The views_ node is made in a scratch map and moved in at the end.
-  std::unique_ptr<View> view;
-  std::unique_ptr<Block> block;
-  std::vector<std::unique_ptr<Handle>> owned;
-  decltype(views_)::node_type node;
-  try {
-    view = std::make_unique<View>();
-    block = std::make_unique<Block>();
-    view->pieces.reserve(count);
-    view->owned.reserve(count);
-    owned.reserve(count);
-    for (std::size_t i = 0; i < count; ++i) owned.push_back(std::make_unique<Handle>());
-    decltype(views_) scratch;
-    node = scratch.extract(scratch.emplace(0, nullptr).first);
-  } catch (const std::bad_alloc&) {
-    return Status::out_of_memory;
-  }
-  std::size_t created = 0;
-  auto release_all = [&] {
-    for (std::size_t i = 0; i < created; ++i) backend_.release(owned[i]->id);
-    return Status::out_of_memory;
-  };
-  for (std::size_t done = 0; done < rounded; ++created) {
-    const std::size_t size = map_offset_ ? rounded : std::min(segment, rounded - done);
-    PhysHandle h = 0;
-    if (backend_.create(device_, size, &h) != Status::ok) return release_all();
-    *owned[created] = Handle{h, size, 1};
-    done += size;
-  }
-  DevPtr va = 0;
-  if (backend_.reserve(device_, rounded, &va) != Status::ok) return release_all();
-  std::size_t off = 0, mapped = 0;
-  for (; mapped < created; ++mapped) {
-    if (backend_.map(va + off, owned[mapped]->size, owned[mapped]->id, 0) != Status::ok) break;
-    off += owned[mapped]->size;
-  }
-  if (mapped < created || map_access(va, rounded) != Status::ok) {
-    off = 0;
-    for (std::size_t i = 0; i < mapped; ++i) {
-      backend_.unmap(va + off, owned[i]->size);
-      off += owned[i]->size;
-    }
-    backend_.unreserve(va, rounded);
-    return release_all();
-  }
-  View* v = view.release();
-  v->base = va;
-  v->size = rounded;
-  off = 0;
-  for (std::size_t i = 0; i < created; ++i) {  // within the capacity reserved above
-    Handle* h = owned[i].release();
-    v->pieces.push_back(Piece{off, h->size, h, 0});
-    v->owned.push_back(h);
-    off += h->size;
-  }
-  Block* b = block.release();
-  b->ptr = va;
-  b->size = rounded;
-  b->view = v;
-  b->state = BlockState::allocated;
-  v->first = b;
-  node.key() = va;
-  node.mapped() = v;
-  views_.insert(std::move(node));
-  filter_.add(va, rounded);
-  stats_.bytes_reserved += rounded;
-  stats_.bytes_mapped += rounded;
-  stats_.handles += created;
-  ++stats_.views;
-  stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.bytes_reserved);
-  *out = b;
-  return Status::ok;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Stitching
-
-void DevicePool::lendable(Block* b, std::vector<Segment>* out) const noexcept {
-  if (map_offset_) {
-    out->push_back({b->ptr, b->size});
-    return;
-  }
-  // Without offset mapping only whole handles, mapped whole, can be lent: one segment each, so
-  // that a stitch takes no more handles than it needs.
-  const View* v = b->view;
-  for (const Piece& p : v->pieces) {
-    DevPtr start = v->base + p.offset;
-    if (start < b->ptr || start + p.size > b->end()) continue;
-    if (p.handle_offset != 0 || p.size != p.handle->size) continue;
-    out->push_back({start, p.size});
-  }
-}
-
-void DevicePool::slices_of(DevPtr ptr, std::size_t size, std::vector<Slice>* out) const noexcept {
-  const View* v = view_of(ptr);
-  const std::size_t lo = ptr - v->base, hi = lo + size;
-  for (const Piece& p : v->pieces) {
-    const std::size_t s = std::max(lo, p.offset), e = std::min(hi, p.offset + p.size);
-    if (s >= e) continue;
-    Slice slice{p.handle, p.handle_offset + (s - p.offset), e - s};
-    if (!out->empty() && out->back().handle == slice.handle &&
-        out->back().handle_offset + out->back().size == slice.handle_offset) {
-      out->back().size += slice.size;  // contiguous in the same handle: one map call
-    } else {
-      out->push_back(slice);
-    }
-  }
-}
-
-Block* DevicePool::block_at(DevPtr ptr) const noexcept {
-  const View* v = view_of(ptr);
-  if (v == nullptr) return nullptr;
-  for (Block* b = v->first; b != nullptr; b = b->next) {
-    if (ptr >= b->ptr && ptr < b->end()) return b;
-  }
-  return nullptr;
-}
-
-Status DevicePool::stitch(std::size_t rounded, Block** out, std::size_t* pieces,
-                          std::size_t max_pieces, std::size_t max_total) noexcept {
-  // Candidate memory: lendable ranges of fenced free blocks, largest first (fewest map calls).
-  std::vector<Segment> segments;
-  for (auto it = free_.rbegin(); it != free_.rend(); ++it) {
-    // Oversize blocks are kept for large requests (max_split_size_mb), also from stitching.
-    if (rounded < config_.max_split_size && (*it)->size >= config_.max_split_size) continue;
-    lendable(*it, &segments);
-  }
-  std::stable_sort(segments.begin(), segments.end(),
-                   [](const Segment& a, const Segment& b) { return a.size > b.size; });
-  // Largest first; once one segment can cover what is left, the smallest such one (least surplus
-  // where handles cannot be cut).
-  std::vector<Segment> chosen;
-  std::size_t taken = 0;
-  for (std::size_t i = 0; i < segments.size() && taken < rounded;) {
-    const std::size_t want = rounded - taken;
-    std::size_t j = i;
-    while (j + 1 < segments.size() && segments[j + 1].size >= want) ++j;
-    if (segments[j].size >= want) {
-      if (map_offset_ || taken + segments[j].size <= max_total) {
-        chosen.push_back(map_offset_ ? Segment{segments[j].ptr, want} : segments[j]);
-        taken += chosen.back().size;
-        break;
-      }
-      i = j + 1;  // every segment that covers the rest wastes too much: go on with smaller ones
-      continue;
-    }
-    chosen.push_back(segments[i]);
-    taken += segments[i].size;
-    ++i;
-  }
-  if (chosen.empty()) return Status::out_of_memory;  // nothing cached: stitching cannot help
-  const std::size_t extra = taken < rounded ? rounded - taken : 0;
-  if (extra != 0 && !cap_allows(extra)) return Status::out_of_memory;
-  const std::size_t total = taken + extra;
-  if (total > max_total) return Status::out_of_memory;
-
-  std::vector<Slice> slices;
-  for (const Segment& s : chosen) slices_of(s.ptr, s.size, &slices);
-  if (slices.size() + (extra != 0 ? 1 : 0) > max_pieces) return Status::out_of_memory;
-
-  // Acquire everything first; any failure rolls back to exactly the state before.
-  Handle* extra_handle = nullptr;
-  if (extra != 0) {
-    PhysHandle h = 0;
-    if (backend_.create(device_, extra, &h) != Status::ok) return Status::out_of_memory;
-    extra_handle = new Handle{h, extra, 0};
-    slices.push_back(Slice{extra_handle, 0, extra});
-  }
-  DevPtr va = 0;
-  auto undo = [&](std::size_t mapped_count) {
-    std::size_t off = 0;
-    for (std::size_t i = 0; i < mapped_count; ++i) {
-      backend_.unmap(va + off, slices[i].size);
-      off += slices[i].size;
-    }
-    if (va != 0) backend_.unreserve(va, total);
-    if (extra_handle != nullptr) {
-      backend_.release(extra_handle->id);
-      delete extra_handle;
-    }
-    return Status::out_of_memory;
-  };
-  if (backend_.reserve(device_, total, &va) != Status::ok) {
-    va = 0;
-    return undo(0);
-  }
-  std::size_t off = 0;
-  for (std::size_t i = 0; i < slices.size(); ++i) {
-    if (backend_.map(va + off, slices[i].size, slices[i].handle->id, slices[i].handle_offset) !=
-        Status::ok) {
-      return undo(i);
-    }
-    off += slices[i].size;
-  }
-  if (map_access(va, total) != Status::ok) return undo(slices.size());
-
-  // Commit: build the stitched view, then mark the source ranges lent.
-  auto* view = new View;
-  view->base = va;
-  view->size = total;
-  view->stitched = true;
-  off = 0;
-  for (const Slice& s : slices) {
-    view->pieces.push_back(Piece{off, s.size, s.handle, s.handle_offset});
-    ++s.handle->maps;
-    off += s.size;
-  }
-  if (extra_handle != nullptr) view->owned.push_back(extra_handle);
-  for (const Segment& s : chosen) {
-    Block* b = block_at(s.ptr);  // a free block containing the whole segment
-    free_.erase(b);
-    if (b->ptr < s.ptr) {
-      Block* lent = split(b, s.ptr - b->ptr);
-      free_.insert(b);
-      b = lent;
-    }
-    if (b->size > s.size) free_.insert(split(b, s.size));
-    b->state = BlockState::lent;
-    b->lent_to = view;
-    view->borrowed.push_back(b);
-  }
-  auto* alloc = new Block;
-  alloc->ptr = va;
-  alloc->size = total;
-  alloc->view = view;
-  alloc->state = BlockState::allocated;
-  view->first = alloc;
-  if (total > rounded) {
-    Block* surplus = split(alloc, rounded);  // whole handles beyond the request stay cached
-    surplus->state = BlockState::free;
-    free_.insert(surplus);
-  }
-  note_free_changed();
-  views_.emplace(va, view);
-  filter_.add(va, total);
-  stats_.bytes_mapped += total;
-  ++stats_.views;
-  if (extra_handle != nullptr) {
-    stats_.bytes_reserved += extra;
-    ++stats_.handles;
-    stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.bytes_reserved);
-  }
-  *pieces = slices.size();
-  *out = alloc;
-  return Status::ok;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Block bookkeeping
 
-Block* DevicePool::split(Block* b, std::size_t size) noexcept {
-  auto* rest = new Block;
-  rest->ptr = b->ptr + size;
-  rest->size = b->size - size;
-  rest->view = b->view;
-  rest->prev = b;
-  rest->next = b->next;
-  rest->state = b->state;
-  rest->stream = b->stream;
-  rest->epoch = b->epoch;
-  if (b->next != nullptr) b->next->prev = rest;
-  b->next = rest;
-  b->size = size;
-  return rest;
-}
-
 void DevicePool::make_free(Block* b) noexcept {
-  b->state = BlockState::free;
-  b->lent_to = nullptr;
-  b->stream = kAnyStream;
-  if (Block* p = b->prev; p != nullptr && p->state == BlockState::free) {
-    free_.erase(p);
-    p->size += b->size;
-    p->next = b->next;
-    if (b->next != nullptr) b->next->prev = p;
-    delete b;
-    b = p;
-  }
-  if (Block* n = b->next; n != nullptr && n->state == BlockState::free) {
-    free_.erase(n);
-    b->size += n->size;
-    b->next = n->next;
-    if (n->next != nullptr) n->next->prev = b;
-    delete n;
-  }
-  free_.insert(b);
+  heap_.make_free(b);
   note_free_changed();
 }
 
 void DevicePool::note_free_changed() noexcept {
-  largest_free_.store(free_.empty() ? 0 : (*free_.rbegin())->size, std::memory_order_relaxed);
+  largest_free_.store(heap_.largest_free(), std::memory_order_relaxed);
 }
 
 void DevicePool::fq_push(Block* b) noexcept {
@@ -1053,73 +696,11 @@ void DevicePool::fq_remove(Block* b) noexcept {
   b->fq_prev = b->fq_next = nullptr;
 }
 
-View* DevicePool::view_of(DevPtr ptr) const noexcept {
-  auto it = views_.upper_bound(ptr);
-  if (it == views_.begin()) return nullptr;
-  --it;
-  return ptr < it->second->end() ? it->second : nullptr;
-}
-
-void DevicePool::destroy_view(View* v) noexcept {
-  free_.erase(v->first);
-  note_free_changed();
-  bool unmapped = true;
-  for (const Piece& p : v->pieces) {
-    if (backend_.unmap(v->base + p.offset, p.size) != Status::ok) {
-      failed_unmaps_.push_back({v->base + p.offset, p.size});
-      unmapped = false;
-    }
-    --p.handle->maps;
-  }
-  if (!unmapped || backend_.unreserve(v->base, v->size) != Status::ok) {
-    failed_unreserves_.push_back({v->base, v->size});
-  }
-  for (Handle* h : v->owned) {
-    if (backend_.release(h->id) != Status::ok) {
-      failed_releases_.push_back(h);  // still held by the device: still counted
-      continue;
-    }
-    stats_.bytes_reserved -= h->size;
-    --stats_.handles;
-    delete h;
-  }
-  stats_.bytes_mapped -= v->size;
-  --stats_.views;
-  delete v->first;
-  filter_.remove(v->base, v->size);
-  views_.erase(v->base);
-  delete v;
-}
-
-void DevicePool::retry_teardown() noexcept {
-  std::erase_if(failed_unmaps_,
-                [&](const Range& r) { return backend_.unmap(r.ptr, r.size) == Status::ok; });
-  std::erase_if(failed_unreserves_, [&](const Range& r) {
-    for (const Range& m : failed_unmaps_) {
-      if (m.ptr >= r.ptr && m.ptr < r.ptr + r.size) return false;
-    }
-    return backend_.unreserve(r.ptr, r.size) == Status::ok;
-  });
-  std::erase_if(failed_releases_, [&](Handle* h) {
-    if (backend_.release(h->id) != Status::ok) return false;
-    stats_.bytes_reserved -= h->size;
-    --stats_.handles;
-    delete h;
-    return true;
-  });
-}
-
-void DevicePool::dissolve(View* v) noexcept {
-  std::vector<Block*> borrowed = std::move(v->borrowed);
-  destroy_view(v);
-  for (Block* b : borrowed) make_free(b);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Free
 
 Status DevicePool::deallocate(DevPtr ptr, Stream stream, Outcome* outcome) noexcept {
-  if (!usable_ || !filter_.may_contain(ptr)) return Status::invalid_value;
+  if (!usable_ || !heap_.contains(ptr)) return Status::invalid_value;
   // This thread's arena first (its small slots and the large blocks it registered), then the
   // device pool's live blocks (large blocks when the arenas' large caches are off), then the
   // other arenas (frees from another thread than the allocating one: the block is parked in the
@@ -1225,39 +806,24 @@ void DevicePool::maybe_release_locked(Outcome* outcome) noexcept {
 }
 
 std::size_t DevicePool::trim_locked(std::size_t keep, Outcome* outcome) noexcept {
-  const std::size_t reserved_before = stats_.bytes_reserved;
-  std::size_t handles_before = stats_.handles;
-  auto cached = [&] { return stats_.bytes_reserved - stats_.bytes_allocated - arena_allocated(); };
-  retry_teardown();
+  const std::size_t reserved_before = heap_.reserved_bytes();
+  const std::size_t handles_before = heap_.handle_count();
+  auto cached = [&] {
+    const std::size_t used = stats_.bytes_allocated + arena_allocated();
+    return heap_.reserved_bytes() > used ? heap_.reserved_bytes() - used : 0;
+  };
+  heap_.retry_failed();
   std::erase_if(stream_free_, [](const auto& entry) { return entry.second.empty(); });
-  if (cached() <= keep) return reserved_before - stats_.bytes_reserved;
-  // Idle stitched views first: dissolving one gives its borrowed blocks back to their views,
-  // which may then be wholly free. Repeat for stitched views built from stitched views.
-  for (bool changed = true; changed;) {
-    changed = false;
-    std::vector<View*> idle;
-    for (auto& [base, v] : views_) {
-      if (v->stitched && v->wholly_free()) idle.push_back(v);
-    }
-    for (View* v : idle) {
-      dissolve(v);
-      changed = true;
-    }
+  // Spares first, then idle handles (wholly inside free blocks), until `keep` is left.
+  while (cached() > keep && heap_.release_one(cached() - keep) != 0) {
   }
-  std::vector<View*> idle;
-  for (auto& [base, v] : views_) {
-    if (!v->stitched && v->wholly_free()) idle.push_back(v);
-  }
-  std::sort(idle.begin(), idle.end(), [](View* a, View* b) { return a->size > b->size; });
-  for (View* v : idle) {
-    if (cached() <= keep) break;
-    destroy_view(v);
-  }
-  const std::size_t released = reserved_before - stats_.bytes_reserved;
+  sync_physical();
+  note_free_changed();
+  const std::size_t released = reserved_before - heap_.reserved_bytes();
   if (released != 0) {
     ++stats_.trims;
     stats_.trimmed_bytes += released;
-    outcome->add(make_event(EventKind::trim, released, handles_before - stats_.handles));
+    outcome->add(make_event(EventKind::trim, released, handles_before - heap_.handle_count()));
   }
   return released;
 }
@@ -1274,34 +840,17 @@ std::size_t DevicePool::trim(Outcome* outcome) noexcept {
 }
 
 // Cooperative release (another process is about to run out of memory on this GPU): unlike trim,
-// which empties the whole cache under one lock hold, this gives back about `bytes`, one view per
-// lock hold, choosing the smallest wholly free view that covers what is still wanted (else the
+// which empties the whole cache under one lock hold, this gives back about `bytes`, one handle per
+// lock hold, choosing the smallest idle handle that covers what is still wanted (else the
 // largest), so that little more than asked leaves the cache and the program's own allocations
-// never wait for more than one unmap+release. Idle stitched views are dissolved first (that
-// unmaps aliases only; their borrowed blocks return to their home views, which may then be
-// wholly free). Pending memory is fenced once, without the lock, only when fenced memory is not
-// enough.
+// never wait for more than one unmap+release. Pending memory is fenced once, without the lock,
+// only when fenced memory is not enough.
 std::size_t DevicePool::release_one_locked(std::size_t wanted) noexcept {
-  const std::size_t reserved_before = stats_.bytes_reserved;
-  retry_teardown();
-  std::vector<View*> idle;
-  for (auto& [base, v] : views_) {
-    if (v->stitched && v->wholly_free()) idle.push_back(v);
-  }
-  for (View* v : idle) dissolve(v);
-  View* best = nullptr;
-  for (auto& [base, v] : views_) {
-    if (v->stitched || !v->wholly_free()) continue;
-    if (best == nullptr) {
-      best = v;
-    } else if (v->size >= wanted) {
-      if (best->size < wanted || v->size < best->size) best = v;
-    } else if (best->size < wanted && v->size > best->size) {
-      best = v;
-    }
-  }
-  if (best != nullptr) destroy_view(best);
-  return reserved_before - stats_.bytes_reserved;
+  heap_.retry_failed();
+  const std::size_t got = heap_.release_one(wanted);
+  sync_physical();
+  note_free_changed();
+  return got;
 }
 
 std::size_t DevicePool::release_idle(std::size_t bytes) noexcept {
@@ -1375,12 +924,12 @@ bool DevicePool::fence_for_chunk(std::size_t size) noexcept {
 // Queries
 
 bool DevicePool::find(DevPtr ptr, BlockInfo* out) const noexcept {
-  if (!filter_.may_contain(ptr)) return false;  // not the pool's: no lock
+  if (!heap_.contains(ptr)) return false;  // not the pool's: no lock
   std::uint16_t arena = 0;
   DevPtr large_base = 0;  // an arena-owned large block: its start
   {
     std::lock_guard lock(mu_);
-    Block* b = block_at(ptr);
+    Block* b = heap_.block_at(ptr);
     if (b == nullptr || b->state != BlockState::allocated) return false;
     if (!b->small_chunk && !b->arena_owned) {
       if (out != nullptr) *out = BlockInfo{b->ptr, b->requested, b->size, device_, b->stream};
@@ -1411,19 +960,7 @@ bool DevicePool::find(DevPtr ptr, BlockInfo* out) const noexcept {
 
 Status DevicePool::grant_peer_access(int peer) noexcept {
   std::lock_guard lock(mu_);
-  if (std::find(access_.begin(), access_.end(), peer) != access_.end()) return Status::ok;
-  access_.push_back(peer);
-  for (auto& [base, v] : views_) {
-    if (Status s = map_access(v->base, v->size); s != Status::ok) {
-      access_.pop_back();
-      for (auto& [b2, v2] : views_) {
-        if (v2 == v) break;
-        map_access(v2->base, v2->size);  // back to the previous set of devices
-      }
-      return s;
-    }
-  }
-  return Status::ok;
+  return heap_.grant_peer(peer);
 }
 
 Status DevicePool::mem_info(std::size_t* free, std::size_t* total) noexcept {
@@ -1446,17 +983,11 @@ std::size_t DevicePool::largest_possible_locked(std::size_t device_free) const n
   const std::size_t cap = cap_bytes();
   std::size_t headroom = stats_.bytes_reserved >= cap ? 0 : cap - stats_.bytes_reserved;
   headroom = std::min(headroom, device_free) / granularity_ * granularity_;
-  std::size_t largest_free = free_.empty() ? 0 : (*free_.rbegin())->size;
-  std::size_t wholly_free = 0;
-  for (auto& [base, v] : views_) {
-    if (v->wholly_free()) wholly_free += v->size;
-  }
-  if (!config_.stitching) return std::max(largest_free, headroom + wholly_free);
-  std::size_t lendable_bytes = 0;
-  std::vector<Segment> segments;
-  for (Block* b : free_) lendable(b, &segments);
-  for (const Segment& s : segments) lendable_bytes += s.size;
-  return std::max(largest_free, headroom + lendable_bytes + stats_.bytes_pending + parked_bytes());
+  // Idle handles serve a request by moving (stitching on) or by being released and created
+  // again at the right size (trim and retry); pending and parked memory once fenced.
+  std::size_t idle = heap_.idle_bytes();
+  if (config_.stitching) idle += stats_.bytes_pending + parked_bytes();
+  return std::max(heap_.largest_free(), headroom + idle);
 }
 
 DeviceStats DevicePool::stats() const noexcept {
@@ -1497,7 +1028,7 @@ DeviceStats DevicePool::stats() const noexcept {
   s.device_free = device_free;
   s.device_total = have_info ? device_total : total_;
   s.bytes_cached = s.bytes_reserved - s.bytes_allocated;
-  s.largest_free_block = free_.empty() ? 0 : (*free_.rbegin())->size;
+  s.largest_free_block = heap_.largest_free();
   s.largest_possible = usable_ ? largest_possible_locked(device_free) : 0;
   return s;
 }

@@ -1,5 +1,5 @@
-// The pool of one device: large blocks in views, stitching, trimming, fencing. See
-// device_pool.cpp for the design.
+// The pool of one device: fencing, the arenas and statistics around the large-block heap
+// (large_heap.h). See device_pool.cpp for the design.
 #pragma once
 
 #include <map>
@@ -10,7 +10,6 @@
 #include <unordered_map>
 #include <vector>
 
-#include "address_filter.h"
 #include "arena.h"
 #include "block_table.h"
 #include "gpustitch/backend.h"
@@ -18,6 +17,7 @@
 #include "gpustitch/pool.h"
 #include "gpustitch/stats.h"
 #include "hybrid_lock.h"
+#include "large_heap.h"
 #include "pool_types.h"
 #include "reclaimer.h"
 #include "small_pool.h"
@@ -66,55 +66,27 @@ class DevicePool final : private ChunkSource {
   void after_fork_child() noexcept;
 
  private:
-  struct BySize {
-    bool operator()(const Block* a, const Block* b) const {
-      return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
-    }
-  };
-  // Node containers draw from node_pool_ (under mu_), not from malloc, on the hot path.
-  using FreeSet = std::pmr::set<Block*, BySize>;
-  struct Segment {  // a lendable address range inside a free block
-    DevPtr ptr;
-    std::size_t size;
-  };
-  struct Slice {  // physical memory to map into a stitched view
-    Handle* handle;
-    std::size_t handle_offset;
-    std::size_t size;
-  };
+  using FreeSet = LargeHeap::FreeSet;
 
   // --- allocation paths (lock held) ---
   // owner: the calling thread's arena (its lock held) when the block will be registered there.
   // grow: skip fencing for memory that is about to come back (grow_rather_than_fence).
   Status allocate_large(std::size_t size, std::size_t rounded, Stream stream, Block** out,
                         Outcome* outcome, Arena* owner = nullptr, bool grow = false) noexcept;
-  // relaxed: may split a block where the remainder cannot be lent (see device_pool.cpp).
-  Block* take_cached(std::size_t rounded, Stream stream, bool relaxed = false) noexcept;
-  Block* take_from(FreeSet& set, std::size_t rounded, bool pending, bool relaxed) noexcept;
-  std::size_t split_point(const Block* b, std::size_t rounded, bool relaxed) const noexcept;
-  Status create_fresh(std::size_t rounded, Block** out) noexcept;
-  // max_pieces, max_total: give up (changing nothing) if more handles than this would be mapped,
-  // or the stitched view would be larger than max_total (surplus whole handles).
-  Status stitch(std::size_t rounded, Block** out, std::size_t* pieces,
-                std::size_t max_pieces = SIZE_MAX, std::size_t max_total = SIZE_MAX) noexcept;
-  bool cap_allows(std::size_t bytes) const noexcept;
+  Block* take_cached(std::size_t rounded, Stream stream) noexcept;
+  Block* take_from(FreeSet& set, std::size_t rounded, bool pending) noexcept;
+  // The heap's miss path, with its bookkeeping: moved handles count as a stitch.
+  bool grow_heap(std::size_t rounded, Block** out, Outcome* outcome) noexcept;
+  std::size_t fresh_allowance() const noexcept;  // bytes the cap still allows
+  void sync_physical() noexcept;                 // stats_ from the heap's figures
   void mark_allocated(Block* b, std::size_t requested, Stream stream) noexcept;
 
   // --- block bookkeeping ---
-  Block* split(Block* b, std::size_t size) noexcept;  // b keeps [0,size), returns the rest
-  void make_free(Block* b) noexcept;                  // coalesce and insert into free_
-  void note_free_changed() noexcept;  // after free_ changed: refreshes largest_free_
+  void make_free(Block* b) noexcept;  // coalesce and insert into the free set
+  void note_free_changed() noexcept;  // after the free set changed: refreshes largest_free_
   void fq_push(Block* b) noexcept;
   void fq_insert_after(Block* pos, Block* b) noexcept;
   void fq_remove(Block* b) noexcept;
-  void destroy_view(View* v) noexcept;
-  void dissolve(View* v) noexcept;
-  void retry_teardown() noexcept;  // lock held
-  View* view_of(DevPtr ptr) const noexcept;
-  void lendable(Block* b, std::vector<Segment>* out) const noexcept;
-  void slices_of(DevPtr ptr, std::size_t size, std::vector<Slice>* out) const noexcept;
-  Block* block_at(DevPtr ptr) const noexcept;
-  Status map_access(DevPtr ptr, std::size_t size) noexcept;
 
   // --- fencing (see reclaimer.cpp) ---
   bool has_pending() const noexcept;  // lock held
@@ -187,29 +159,15 @@ class DevicePool final : private ChunkSource {
   mutable std::mutex mu_;
   bool usable_ = false;
   std::size_t granularity_ = 0;
-  bool map_offset_ = false;
   std::size_t total_ = 0;
-  std::vector<int> access_;  // this device and its peers
 
-  std::map<DevPtr, View*> views_;
-  AddressFilter filter_;  // the address regions views_ covers, readable without mu_
-  // Teardown calls the driver refused in destroy_view (unmap, unreserve, release): kept and
-  // retried at every trim and at destruction, so that nothing leaks and bytes_reserved keeps
-  // counting the handles the device still holds.
-  struct Range {
-    DevPtr ptr;
-    std::size_t size;
-  };
-  std::vector<Range> failed_unmaps_;
-  std::vector<Range> failed_unreserves_;  // retried once no failed unmap lies inside
-  std::vector<Handle*> failed_releases_;
   std::pmr::unsynchronized_pool_resource node_pool_;
-  FreeSet free_{&node_pool_};
+  LargeHeap heap_;
   // Per stream, its pending blocks; an emptied set is kept for the stream's next free (trim
   // drops the empty ones).
   std::pmr::unordered_map<Stream, FreeSet> stream_free_{&node_pool_};
   BlockTable live_;  // large blocks allocated outside the arenas
-  // The largest block in free_ (fenced, anyone's), readable without mu_: an arena whose fitting
+  // The largest free block (fenced, anyone's), readable without mu_: an arena whose fitting
   // parked block still waits for a fence asks the device pool first when it may have one.
   std::atomic<std::size_t> largest_free_{0};
   Block* fq_head_ = nullptr;

@@ -1,12 +1,11 @@
 // DevicePool::memory_map: the device's mapped ranges and their blocks, read from the pool's own
 // bookkeeping when a snapshot is asked for (`gpustitch snapshot PID`), never kept on the side.
 //
-// What a segment is: a run of blocks of one view that are not lent. A home view whose blocks are
-// all its own is one segment; a lent block (its memory is mapped into a stitched view and shows
-// up there) splits its home view, so every physical byte appears once. A chunk of the small-object
-// pool is a segment of its own ("small"), cut into its slots.
+// What a segment is: a run of blocks of the device's address space that physical memory backs,
+// between two unbacked blocks (address space with nothing mapped), so every physical byte appears
+// once. A chunk of the small-object pool is a segment of its own ("small"), cut into its slots.
 //
-// Consistency: views and large blocks are copied under the device lock in one go; each chunk's
+// Consistency: the address space and large blocks are copied under the device lock in one go; each chunk's
 // slots, and each large block an arena holds (large_cache.h: live there, or parked, i.e. freed and
 // shown as pending), are read afterwards under its arena's lock (arena locks come
 // before the device lock, never after it). A chunk given back to the large pool in between is shown
@@ -36,10 +35,11 @@ Status DevicePool::memory_map(std::vector<MappedSegment>* out) const noexcept {
   try {
     {
       std::lock_guard lock(mu_);
-      for (const auto& [base, v] : views_) {
+      const AddressSpace& space = heap_.space();
+      for (std::size_t span = 0; span < space.span_count(); ++span) {
         MappedSegment* seg = nullptr;
-        for (const Block* b = v->first; b != nullptr; b = b->next) {
-          if (b->state == BlockState::lent) {
+        for (const Block* b = space.first_block(span); b != nullptr; b = b->next) {
+          if (b->state == BlockState::unbacked) {
             seg = nullptr;
             continue;
           }
@@ -49,7 +49,7 @@ Status DevicePool::memory_map(std::vector<MappedSegment>* out) const noexcept {
             chunk.device = device_;
             chunk.base = b->ptr;
             chunk.size = b->size;
-            chunk.stitched = v->stitched;
+            chunk.stitched = false;
             chunk.small = true;
             out->push_back(std::move(chunk));
             chunks.push_back({out->size() - 1, b->ptr, b->size, b->arena});
@@ -60,7 +60,7 @@ Status DevicePool::memory_map(std::vector<MappedSegment>* out) const noexcept {
             seg = &out->back();
             seg->device = device_;
             seg->base = b->ptr;
-            seg->stitched = v->stitched;
+            seg->stitched = false;
           }
           MappedBlock mb;
           mb.ptr = b->ptr;

@@ -1,40 +1,46 @@
-// Internal types of the pool: physical handles, views (mapped address ranges) and blocks.
+// Internal types of the pool: physical handles and blocks of the device's address space.
 //
-//   Handle  one piece of physical memory from the backend (cuMemCreate).
-//   View    one reserved address range with handles (or slices of them) mapped side by side.
-//           A "home" view is made for a fresh allocation: one handle, mapped whole. A "stitched"
-//           view is made by stitching: slices of handles whose memory was free in other views.
-//   Block   a contiguous part of a view: free, pending (freed, waiting for a fence), allocated,
-//           or lent (its physical memory is mapped into a stitched view and used from there).
+//   Handle  one piece of physical memory from the backend (cuMemCreate). It is mapped whole at one
+//           place of the device's address space, or held unmapped as a spare (backing.h).
+//   Block   a contiguous part of the address space (address_space.h): free (mapped, fenced,
+//           reusable), pending (freed, waiting for a fence), allocated, or unbacked (address
+//           space with no physical memory behind it).
 //
-// A handle may be mapped in several views at once (its home view and stitched views); the pool
-// guarantees that each physical byte is reachable through at most one non-lent block.
+// Invariants (LargeHeap::validate checks them): the blocks of a span tile it in address order; no
+// two free or two unbacked blocks are neighbours; an unbacked block starts and ends on a
+// granularity boundary and no handle is mapped inside it; every byte of a free, pending or
+// allocated block is mapped by exactly one handle.
 #pragma once
 
 #include <atomic>
+#include <boost/intrusive/set_hook.hpp>
 #include <cstdint>
-#include <vector>
 
 #include "gpustitch/types.h"
 
 namespace gpustitch::detail {
 
+using AddressHook =
+    boost::intrusive::set_member_hook<boost::intrusive::link_mode<boost::intrusive::safe_link>>;
+
 struct Handle {
   PhysHandle id = 0;
   std::size_t size = 0;
-  int maps = 0;  // views this handle is mapped in
+  DevPtr at = 0;      // where it is mapped; 0: a spare (held, not mapped)
+  AddressHook hook;   // Backing's index of mapped handles, by address
+  DevPtr end() const { return at + size; }
 };
 
-struct View;
-
-enum class BlockState : std::uint8_t { free, pending, allocated, lent };
+enum class BlockState : std::uint8_t { free, pending, allocated, unbacked };
 
 struct Block {
   DevPtr ptr = 0;
   std::size_t size = 0;
-  View* view = nullptr;
-  Block* prev = nullptr;  // address-ordered neighbours in the same view
+  Block* prev = nullptr;  // address-ordered neighbours in the same span
   Block* next = nullptr;
+  AddressHook addr_hook;      // AddressSpace's index of every block, by address
+  AddressHook unbacked_hook;  // AddressSpace's index of unbacked blocks, by address
+  std::uint16_t span = 0;     // which reservation of the address space
   BlockState state = BlockState::free;
   bool small_chunk = false;  // allocated to the small-object pool as a chunk
   // Held by an arena's large cache (large_cache.h): live there or parked. Written under both the
@@ -56,32 +62,8 @@ struct Block {
   std::uint64_t arena_fence = 0;
   Block* fq_prev = nullptr;
   Block* fq_next = nullptr;
-  // lent: the stitched view that borrowed this block's memory.
-  View* lent_to = nullptr;
 
   DevPtr end() const { return ptr + size; }
-};
-
-struct Piece {
-  std::size_t offset = 0;  // within the view
-  std::size_t size = 0;
-  Handle* handle = nullptr;
-  std::size_t handle_offset = 0;
-};
-
-struct View {
-  DevPtr base = 0;
-  std::size_t size = 0;
-  bool stitched = false;
-  std::vector<Piece> pieces;     // sorted by offset, covering [0, size)
-  std::vector<Block*> borrowed;  // stitched: the blocks of other views lent to this one
-  std::vector<Handle*> owned;    // stitched: handles created for it (released with it)
-  Block* first = nullptr;        // first block in address order
-
-  DevPtr end() const { return base + size; }
-  bool wholly_free() const {
-    return first != nullptr && first->next == nullptr && first->state == BlockState::free;
-  }
 };
 
 }  // namespace gpustitch::detail

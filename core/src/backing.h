@@ -1,0 +1,88 @@
+// The device's physical memory: the handles the pool holds, where each is mapped, and which are
+// spares (held, not mapped).
+//
+// A handle is always mapped whole, at one place: the H200's driver (580) refuses cuMemMap at an
+// offset into a handle (tools/gpu/vmm_probe), so whole handles are the unit of physical memory
+// the pool can move. Moving a handle (unmap where it lies free, map where memory is needed) costs
+// a cuMemUnmap, a cuMemMap and a cuMemSetAccess and no cuMemRelease/cuMemCreate; reserved memory
+// does not change. The policy of where handles go is LargeHeap's (large_heap.h); this class only
+// performs and books the operations, and keeps a release the driver refused for a retry, still
+// counted as held, so that nothing leaks and bytes_reserved never under-counts.
+//
+// Not thread-safe: the device lock guards it. No host allocation but the Handle node itself
+// (new(std::nothrow): a failure is an out-of-memory like the driver's).
+#pragma once
+
+#include <boost/intrusive/set.hpp>
+#include <span>
+#include <vector>
+
+#include "gpustitch/backend.h"
+#include "pool_types.h"
+
+namespace gpustitch::detail {
+
+class Backing {
+ public:
+  struct ByAddress {
+    bool operator()(const Handle& a, const Handle& b) const { return a.at < b.at; }
+  };
+  struct BySize {
+    bool operator()(const Handle& a, const Handle& b) const {
+      return a.size != b.size ? a.size < b.size : &a < &b;
+    }
+  };
+  using Member = boost::intrusive::member_hook<Handle, AddressHook, &Handle::hook>;
+  using MappedIndex =
+      boost::intrusive::set<Handle, Member, boost::intrusive::compare<ByAddress>>;
+  using SpareIndex = boost::intrusive::set<Handle, Member, boost::intrusive::compare<BySize>>;
+
+  Backing(Backend& backend, int device) noexcept;
+  ~Backing();  // unmaps and releases everything
+  Backing(const Backing&) = delete;
+  Backing& operator=(const Backing&) = delete;
+
+  // A new spare handle of `size` bytes (cuMemCreate).
+  Status create(std::size_t size, Handle** out) noexcept;
+  // A spare handle mapped whole at `at` (cuMemMap; access is set by set_access, once per range).
+  Status map(Handle* h, DevPtr at) noexcept;
+  // A mapped handle unmapped: it becomes a spare.
+  Status unmap(Handle* h) noexcept;
+  // A spare handle given back to the driver (cuMemRelease); a refused release is retried later.
+  void release(Handle* h) noexcept;
+  // Retries releases the driver refused; returns the bytes released.
+  std::size_t retry_failed() noexcept;
+
+  // Makes [ptr, ptr+size) accessible to this device and its peers (cuMemSetAccess).
+  Status set_access(DevPtr ptr, std::size_t size) noexcept;
+  // Adds a peer and makes every mapped range accessible to it (undone on failure).
+  Status grant_peer(int peer) noexcept;
+  bool has_peer(int device) const noexcept;
+
+  // The mapped handle containing ptr; nullptr if none.
+  Handle* handle_at(DevPtr ptr) const noexcept;
+  // The first mapped handle starting at or after ptr, and the one after h (nullptr: none).
+  Handle* first_from(DevPtr ptr) const noexcept;
+  Handle* next(Handle* h) const noexcept;
+  const SpareIndex& spares() const noexcept { return spares_; }
+  const MappedIndex& mapped() const noexcept { return mapped_; }
+
+  std::size_t held_bytes() const noexcept { return held_bytes_; }  // all handles: "reserved"
+  std::size_t mapped_bytes() const noexcept { return mapped_bytes_; }
+  std::size_t spare_bytes() const noexcept { return held_bytes_ - mapped_bytes_ - failed_bytes_; }
+  std::size_t handle_count() const noexcept { return count_; }
+
+ private:
+  Backend& backend_;
+  const int device_;
+  std::vector<int> access_;  // this device and its peers
+  MappedIndex mapped_;
+  SpareIndex spares_;
+  std::vector<Handle*> failed_;  // releases the driver refused (still held)
+  std::size_t held_bytes_ = 0;
+  std::size_t mapped_bytes_ = 0;
+  std::size_t failed_bytes_ = 0;
+  std::size_t count_ = 0;
+};
+
+}  // namespace gpustitch::detail

@@ -1,0 +1,440 @@
+// LargeHeap: placement and backing of large blocks.
+//
+// The problem it solves. With cudaMalloc semantics a pool that gives every fresh allocation an
+// address range of its own (gpustitch before this design, PyTorch's default) cannot merge blocks
+// freed next to each other across ranges, and a pool that takes fresh memory whenever the device
+// has some grows to the device's size under sizes that change every step. Both made reserved
+// memory 1.28-1.63x the live bytes on the seeds' workloads, against 1.04x for expandable segments.
+//
+// The design:
+//   - one address space per device (address_space.h): every block lives there, cut at 512 B, and
+//     free neighbours merge across whatever allocations they came from;
+//   - physical memory is a set of handles (backing.h), each mapped whole at one place; the
+//     address space between them is "unbacked" blocks;
+//   - a request is served, in order, (1) best fit among free blocks (DevicePool), no driver call;
+//     (2) otherwise at the place that needs the least new physical memory (place()): typically a
+//     free block whose unbacked neighbour makes up the difference, as expandable segments grow
+//     the end of their range, or a hole that an earlier move left unbacked. The missing part
+//     (the "gap", granule-aligned) is backed by, in order: spare handles; idle handles moved
+//     from free blocks elsewhere (unmapped there, mapped here: the physically scattered free
+//     memory stitched into one contiguous range); and only for what is still missing, fresh
+//     handles. Reserved memory therefore grows only when the idle memory the pool holds cannot
+//     make up the request, not whenever the device has free memory;
+//   - cuMemSetAccess runs once per backed gap, not per handle;
+//   - fresh memory for one gap is one handle, or handles of at most max_handle: on an H200 one
+//     handle costs ~12 us to create (188 us for 2 GiB), ~1-2 us to map and ~27 us to set access
+//     (155 us for 2 GiB) whatever its size (../docs/address-space.md), so a fresh block of any size
+//     costs a few handles' worth, near cudaMalloc's 0.08-0.6 ms for 256 MiB-4 GiB; smaller
+//     max_handle makes more of the memory movable later at more calls per fresh block;
+//   - moving a handle costs a cuMemUnmap (~18 us), a cuMemMap and its share of one
+//     cuMemSetAccess, and no create/release: reserved stays the same. Expandable segments instead
+//     release and re-create pages, and only at out-of-memory;
+//   - physical memory goes back to the driver only on trim (empty cache, release threshold,
+//     out-of-memory retry, cooperative release): spares first, then handles lying wholly inside
+//     free blocks.
+// What it does not do: memory inside a handle that a live block still touches cannot move (the
+// driver maps handles whole); such free memory is reused in place by best fit. Where the driver
+// maps at an offset, partial handles could move too; this design does not depend on it.
+//
+// Alternatives measured (docs/address-space.md): the previous per-allocation views with stitching
+// by aliasing; fixed 20 MiB pages as expandable segments use (every fresh 1 GiB then costs 52
+// handles, ~2 ms on an H200); and different max_handle values in replay.
+#include "large_heap.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace gpustitch::detail {
+
+namespace {
+constexpr std::size_t kMaxScanBlocks = 64;    // free blocks examined for idle handles per miss
+constexpr std::size_t kMaxCandidates = 1024;  // idle handles considered per miss
+
+DevPtr align_down(DevPtr v, std::size_t a) {
+  return v / a * a;
+}
+DevPtr align_up_ptr(DevPtr v, std::size_t a) {
+  return (v + a - 1) / a * a;
+}
+}  // namespace
+
+LargeHeap::LargeHeap(Backend& backend, int device, const Options& options,
+                     std::pmr::memory_resource* nodes) noexcept
+    : backend_(backend),
+      device_(device),
+      options_(options),
+      space_(backend, device, options.granularity),
+      backing_(backend, device),
+      free_(nodes) {
+  try {
+    candidates_.reserve(kMaxCandidates);
+    chosen_.reserve(256);
+  } catch (...) {
+  }
+}
+
+Status LargeHeap::init(std::size_t device_total) noexcept {
+  std::size_t size = options_.span_size;
+  if (size == 0) size = std::max<std::size_t>(2 * device_total, 4 * GiB);
+  // A smaller reservation where the driver (or the host, for the simulated device) refuses this.
+  for (; size >= 4 * options_.granularity; size /= 2) {
+    if (space_.add_span(size) == Status::ok) return Status::ok;
+  }
+  return Status::out_of_memory;
+}
+
+void LargeHeap::make_free(Block* b) noexcept {
+  b->state = BlockState::free;
+  b->stream = kAnyStream;
+  if (Block* p = b->prev; p != nullptr && p->state == BlockState::free) {
+    free_.erase(p);
+    space_.absorb_next(p);
+    b = p;
+  }
+  if (Block* n = b->next; n != nullptr && n->state == BlockState::free) {
+    free_.erase(n);
+    space_.absorb_next(b);
+  }
+  free_.insert(b);
+}
+
+bool LargeHeap::place(std::size_t rounded, Window* w) const noexcept {
+  const std::size_t g = options_.granularity;
+  std::size_t best_need = SIZE_MAX, best_region = SIZE_MAX;
+  for (const Block& cu : space_.unbacked()) {
+    auto* u = const_cast<Block*>(&cu);
+    Block* p = u->prev != nullptr && u->prev->state == BlockState::free ? u->prev : nullptr;
+    Block* n = u->next != nullptr && u->next->state == BlockState::free ? u->next : nullptr;
+    const DevPtr lo = p != nullptr ? p->ptr : u->ptr;
+    const DevPtr hi = n != nullptr ? n->end() : u->end();
+    if (hi - lo < rounded) continue;
+    for (DevPtr s : {lo, hi - rounded}) {
+      const DevPtr e = s + rounded;
+      const DevPtr glo = align_down(std::max(s, u->ptr), g);
+      const DevPtr ghi = std::min(align_up_ptr(std::min(e, u->end()), g), u->end());
+      const std::size_t need = ghi > glo ? ghi - glo : 0;
+      const std::size_t region = hi - lo;
+      if (need < best_need || (need == best_need && region < best_region)) {
+        best_need = need;
+        best_region = region;
+        *w = Window{s, glo, std::max(glo, ghi), u, p, n};
+      }
+    }
+  }
+  return best_need != SIZE_MAX;
+}
+
+bool LargeHeap::idle(const Handle* h) const noexcept {
+  const Block* b = space_.block_at(h->at);
+  return b != nullptr && b->state == BlockState::free && h->end() <= b->end();
+}
+
+void LargeHeap::collect_idle(const Window& w, std::size_t want) noexcept {
+  candidates_.clear();
+  std::size_t found = 0, scanned = 0;
+  for (auto it = free_.rbegin(); it != free_.rend() && scanned < kMaxScanBlocks; ++it, ++scanned) {
+    const Block* b = *it;
+    if (b == w.prev || b == w.next || b->size < options_.granularity) continue;
+    for (Handle* h = backing_.first_from(b->ptr); h != nullptr && h->end() <= b->end();
+         h = backing_.next(h)) {
+      if (candidates_.size() == candidates_.capacity()) break;
+      candidates_.push_back(h);  // within the capacity reserved at construction
+      found += h->size;
+    }
+    if (found >= 2 * want || candidates_.size() == candidates_.capacity()) break;
+  }
+  std::sort(candidates_.begin(), candidates_.end(),
+            [](const Handle* a, const Handle* b) { return a->size > b->size; });
+}
+
+bool LargeHeap::carve(Handle* h) noexcept {
+  Block* b = space_.block_at(h->at);
+  free_.erase(b);
+  if (b->ptr < h->at) {
+    Block* rest = space_.split(b, h->at - b->ptr);
+    free_.insert(b);
+    b = rest;
+  }
+  if (b->size > h->size) free_.insert(space_.split(b, h->size));
+  space_.set_unbacked(b);
+  space_.merge_unbacked(b);
+  return true;
+}
+
+void LargeHeap::unmap_all(Handle* const* hs, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    if (backing_.unmap(hs[i]) == Status::ok) continue;
+    // The driver keeps it mapped: its place becomes free memory rather than a mapping the block
+    // list does not know of.
+    Block* u = space_.block_at(hs[i]->at);
+    if (u->ptr < hs[i]->at) u = space_.split(u, hs[i]->at - u->ptr);
+    if (u->size > hs[i]->size) space_.split(u, hs[i]->size);
+    space_.clear_unbacked(u);
+    make_free(u);
+  }
+}
+
+Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block** out,
+                       Growth* growth) noexcept {
+  const std::size_t g = options_.granularity;
+  Window w;
+  if (!place(rounded, &w)) {
+    // No unbacked region can hold it: another span (a request larger than the first one, or an
+    // address space cut up by long-lived blocks).
+    const std::size_t span = std::max(space_.span(0).size, align_up(rounded, g) + g);
+    if (space_.add_span(span) != Status::ok || !place(rounded, &w)) return Status::out_of_memory;
+  }
+  const std::size_t need = w.gap_hi - w.gap_lo;
+  // Plan: which handles fill the gap, spares first, then idle ones, then fresh.
+  chosen_.clear();
+  std::size_t remaining = need;
+  std::size_t spares_used = 0, moved = 0;
+  auto choose = [&](Handle* h) {
+    if (chosen_.size() == chosen_.capacity()) return false;
+    chosen_.push_back(h);  // within capacity
+    remaining -= h->size;
+    return true;
+  };
+  for (auto it = backing_.spares().rbegin(); it != backing_.spares().rend() && remaining != 0;
+       ++it) {
+    if (it->size <= remaining && choose(const_cast<Handle*>(&*it))) ++spares_used;
+  }
+  if (options_.move && remaining != 0) {
+    collect_idle(w, remaining);
+    for (Handle* h : candidates_) {
+      if (remaining == 0) break;
+      if (h->size <= remaining && choose(h)) ++moved;
+    }
+  }
+  const std::size_t fresh = remaining;
+  if (fresh > fresh_allowance) return Status::out_of_memory;
+  const std::size_t max_handle = std::max(align_up(options_.max_handle, g), g);
+  const std::size_t fresh_count = (fresh + max_handle - 1) / max_handle;
+  // Nodes for every split below (the window's, two per moved handle, two per handle a failed
+  // rollback may leave mapped), so that no step fails half-way for want of host memory.
+  if (!space_.reserve_nodes(8 + 2 * moved + 2 * (chosen_.size() + fresh_count + 1))) {
+    return Status::out_of_memory;
+  }
+  if (chosen_.size() + fresh_count + 1 > chosen_.capacity()) {
+    try {
+      chosen_.reserve(chosen_.size() + fresh_count + 1);
+    } catch (...) {
+      return Status::out_of_memory;
+    }
+  }
+
+  // Acquire: fresh handles first (nothing else has changed if the driver refuses). They go last
+  // in chosen_, and `created` counts them.
+  std::size_t created = 0;
+  auto release_created = [&] {
+    for (std::size_t i = chosen_.size() - created; i < chosen_.size(); ++i) {
+      if (chosen_[i]->at == 0) backing_.release(chosen_[i]);  // else still mapped (unmap_all)
+    }
+    chosen_.resize(chosen_.size() - created);
+    created = 0;
+  };
+  for (std::size_t done = 0; done < fresh;) {
+    Handle* h = nullptr;
+    const std::size_t size = std::min(max_handle, fresh - done);
+    if (backing_.create(size, &h) != Status::ok) {
+      release_created();
+      return Status::out_of_memory;
+    }
+    chosen_.push_back(h);  // within the capacity reserved above
+    ++created;
+    done += size;
+  }
+  // Move: unmap idle handles where they lie; their place becomes unbacked. One the driver will
+  // not unmap stays where it is, and fresh memory stands in for it if the allowance permits.
+  std::size_t covered = 0;
+  for (std::size_t i = 0; i < chosen_.size(); ++i) {
+    Handle* h = chosen_[i];
+    if (i >= spares_used && i < spares_used + moved) {
+      Handle old;  // carve needs the old place
+      old.at = h->at;
+      old.size = h->size;
+      if (backing_.unmap(h) != Status::ok) {
+        chosen_[i] = nullptr;
+        --moved;
+        continue;
+      }
+      carve(&old);
+      growth->moved_bytes += h->size;
+    } else if (i < spares_used) {
+      growth->moved_bytes += h->size;
+    }
+    covered += h->size;
+  }
+  std::erase(chosen_, nullptr);
+  if (covered < need) {
+    const std::size_t missing = need - covered;
+    Handle* h = nullptr;
+    if (fresh + missing > fresh_allowance || backing_.create(missing, &h) != Status::ok) {
+      release_created();
+      return Status::out_of_memory;  // moved handles stay spares: reserved is unchanged
+    }
+    chosen_.push_back(h);  // a nullptr was erased above: within capacity
+    ++created;
+  }
+  // Map side by side over the gap, then one cuMemSetAccess for all of it.
+  DevPtr at = w.gap_lo;
+  std::size_t mapped = 0;
+  Status status = Status::ok;
+  for (; mapped < chosen_.size(); ++mapped) {
+    if ((status = backing_.map(chosen_[mapped], at)) != Status::ok) break;
+    at += chosen_[mapped]->size;
+  }
+  if (status == Status::ok && need != 0) status = backing_.set_access(w.gap_lo, need);
+  if (status != Status::ok) {
+    unmap_all(chosen_.data(), mapped);
+    release_created();
+    return Status::out_of_memory;  // moved handles are spares now: kept, reserved unchanged
+  }
+  // The gap is backed: it becomes free and merges with its free neighbours; the window is cut
+  // out of the merged block.
+  if (need != 0) {
+    Block* u = space_.block_at(w.gap_lo);
+    if (u->ptr < w.gap_lo) u = space_.split(u, w.gap_lo - u->ptr);
+    if (u->size > need) space_.split(u, need);
+    space_.clear_unbacked(u);
+    make_free(u);
+  }
+  Block* b = space_.block_at(w.start);
+  free_.erase(b);
+  if (b->ptr < w.start) {
+    Block* rest = space_.split(b, w.start - b->ptr);
+    free_.insert(b);
+    b = rest;
+  }
+  if (b->size > rounded) free_.insert(space_.split(b, rounded));
+  b->state = BlockState::allocated;
+  for (std::size_t i = chosen_.size() - created; i < chosen_.size(); ++i) {
+    growth->fresh_bytes += chosen_[i]->size;
+  }
+  growth->fresh_handles = created;
+  growth->moved_handles = moved;
+  growth->spare_handles = spares_used;
+  *out = b;
+  return Status::ok;
+}
+
+std::size_t LargeHeap::idle_bytes() const noexcept {
+  std::size_t total = backing_.spare_bytes();
+  for (const Handle& h : backing_.mapped()) {
+    if (idle(&h)) total += h.size;
+  }
+  return total;
+}
+
+std::size_t LargeHeap::release_one(std::size_t wanted) noexcept {
+  // Spares first: they cost a release only.
+  if (!backing_.spares().empty()) {
+    auto& spares = backing_.spares();
+    Handle probe;
+    probe.size = wanted;
+    auto it = spares.lower_bound(probe);
+    Handle* h = const_cast<Handle*>(it != spares.end() ? &*it : &*spares.rbegin());
+    const std::size_t size = h->size;
+    const std::size_t before = backing_.held_bytes();
+    backing_.release(h);
+    ++handles_released_;
+    return before - backing_.held_bytes() == 0 ? 0 : size;
+  }
+  Handle* best = nullptr;
+  for (const Handle& ch : backing_.mapped()) {
+    if (!idle(&ch)) continue;
+    auto* h = const_cast<Handle*>(&ch);
+    if (best == nullptr) {
+      best = h;
+    } else if (h->size >= wanted) {
+      if (best->size < wanted || h->size < best->size) best = h;
+    } else if (best->size < wanted && h->size > best->size) {
+      best = h;
+    }
+  }
+  if (best == nullptr) return 0;
+  if (!space_.reserve_nodes(4)) return 0;
+  Handle probe;
+  probe.at = best->at;
+  probe.size = best->size;
+  if (backing_.unmap(best) != Status::ok) return 0;
+  carve(&probe);
+  const std::size_t before = backing_.held_bytes();
+  backing_.release(best);
+  ++handles_released_;
+  return before - backing_.held_bytes();
+}
+
+std::size_t LargeHeap::release(std::size_t wanted) noexcept {
+  std::size_t released = 0;
+  while (released < wanted) {
+    const std::size_t got = release_one(wanted - released);
+    if (got == 0) break;
+    released += got;
+  }
+  return released;
+}
+
+std::string LargeHeap::validate() const {
+  char buf[256];
+  auto fail = [&](const char* what, const Block* b) {
+    std::snprintf(buf, sizeof buf, "%s at block 0x%llx+%zu (state %d)", what,
+                  static_cast<unsigned long long>(b->ptr), b->size, static_cast<int>(b->state));
+    return std::string(buf);
+  };
+  std::size_t free_count = 0;
+  for (std::size_t s = 0; s < space_.span_count(); ++s) {
+    const AddressSpace::Span& span = space_.span(s);
+    DevPtr at = span.base;
+    for (const Block* b = space_.first_block(s); b != nullptr; b = b->next) {
+      if (b->ptr != at) return fail("blocks do not tile the span", b);
+      if (b->size == 0) return fail("empty block", b);
+      if (b->next != nullptr && b->next->prev != b) return fail("broken links", b);
+      at = b->end();
+      const bool unbacked = b->state == BlockState::unbacked;
+      if (b->next != nullptr && b->next->state == b->state &&
+          (unbacked || b->state == BlockState::free)) {
+        return fail("unmerged neighbours", b);
+      }
+      if (unbacked != b->unbacked_hook.is_linked()) return fail("unbacked index", b);
+      if (b->state == BlockState::free) {
+        ++free_count;
+        if (free_.find(const_cast<Block*>(b)) == free_.end()) return fail("free block not indexed", b);
+      }
+      if (unbacked) {
+        if (b->ptr % options_.granularity != 0 || b->size % options_.granularity != 0) {
+          return fail("unaligned unbacked block", b);
+        }
+        Handle* h = backing_.first_from(b->ptr);
+        if (h != nullptr && h->at < b->end()) return fail("handle mapped in an unbacked block", b);
+        if (Handle* c = backing_.handle_at(b->ptr); c != nullptr) {
+          return fail("handle overlaps an unbacked block", b);
+        }
+      } else {
+        // Every byte mapped: walk the handles over the block.
+        DevPtr p = b->ptr;
+        while (p < b->end()) {
+          Handle* h = backing_.handle_at(p);
+          if (h == nullptr) return fail("unmapped byte in a backed block", b);
+          p = h->end();
+        }
+      }
+    }
+    if (at != span.base + span.size) {
+      std::snprintf(buf, sizeof buf, "span %zu not covered", s);
+      return buf;
+    }
+  }
+  if (free_count != free_.size()) return "free set holds blocks that are not free";
+  std::size_t mapped = 0;
+  DevPtr last_end = 0;
+  for (const Handle& h : backing_.mapped()) {
+    if (h.at < last_end) return "mapped handles overlap";
+    last_end = h.end();
+    mapped += h.size;
+  }
+  if (mapped != backing_.mapped_bytes()) return "mapped byte count";
+  return {};
+}
+
+}  // namespace gpustitch::detail

@@ -1,0 +1,117 @@
+// The large-block heap of one device: where in the device's address space a block goes, and
+// which physical memory backs it. This file owns the pool's memory layout; see the comment at the
+// top of large_heap.cpp for the design, its costs and the alternatives measured.
+//
+// Layers (data flows one way): DevicePool (fencing, arenas, statistics) -> LargeHeap (placement,
+// backing policy) -> AddressSpace (blocks) + Backing (handles) -> Backend.
+#pragma once
+
+#include <memory_resource>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "address_space.h"
+#include "backing.h"
+
+namespace gpustitch::detail {
+
+class LargeHeap {
+ public:
+  struct Options {
+    std::size_t granularity = 2 * MiB;
+    std::size_t span_size = 0;           // the first reservation; 0: twice the device's memory
+    std::size_t max_handle = 1 * GiB;    // the largest handle created for one request
+    bool move = true;                    // back requests with idle handles moved from elsewhere
+  };
+  // How grow() served a request.
+  struct Growth {
+    std::size_t fresh_bytes = 0;   // created for it
+    std::size_t fresh_handles = 0;
+    std::size_t moved_handles = 0;  // unmapped where they lay free and mapped here
+    std::size_t spare_handles = 0;  // held unmapped, mapped here
+    std::size_t moved_bytes = 0;    // moved and spare
+  };
+
+  struct BySize {
+    bool operator()(const Block* a, const Block* b) const {
+      return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
+    }
+  };
+  using FreeSet = std::pmr::set<Block*, BySize>;
+
+  LargeHeap(Backend& backend, int device, const Options& options,
+            std::pmr::memory_resource* nodes) noexcept;
+  Status init(std::size_t device_total) noexcept;  // reserves the first span
+
+  bool contains(DevPtr ptr) const noexcept { return space_.contains(ptr); }
+  Block* block_at(DevPtr ptr) const noexcept { return space_.block_at(ptr); }
+
+  // Fenced free blocks, by size (DevicePool's best fit reads and cuts them).
+  FreeSet& free_blocks() noexcept { return free_; }
+  std::size_t largest_free() const noexcept { return free_.empty() ? 0 : (*free_.rbegin())->size; }
+  // b keeps [0,size), the rest is returned (b's state); nullptr: no host memory, nothing changed.
+  Block* split(Block* b, std::size_t size) noexcept { return space_.split(b, size); }
+  // b becomes free: merged with free neighbours and indexed by size.
+  void make_free(Block* b) noexcept;
+
+  // The miss path: a block of `rounded` bytes placed where it needs the least new physical
+  // memory, backed by spare handles, idle handles moved from free blocks elsewhere (Options::move)
+  // and, for the rest, at most `fresh_allowance` bytes of fresh handles. out_of_memory changes
+  // nothing but what it could not undo (handles it moved stay where they went, as spares).
+  Status grow(std::size_t rounded, std::size_t fresh_allowance, Block** out,
+              Growth* growth) noexcept;
+
+  // Gives idle physical memory back to the driver: spare handles, then handles lying wholly
+  // inside free blocks. release_one gives back one handle (the smallest covering `wanted`, else
+  // the largest), release gives back handles until `wanted` bytes are gone. Return the bytes.
+  std::size_t release_one(std::size_t wanted) noexcept;
+  std::size_t release(std::size_t wanted) noexcept;
+  std::size_t handles_released() const noexcept { return handles_released_; }
+  std::size_t retry_failed() noexcept { return backing_.retry_failed(); }
+  // Physical memory that moving can reuse now: spares and handles wholly inside free blocks.
+  std::size_t idle_bytes() const noexcept;
+
+  Status grant_peer(int peer) noexcept { return backing_.grant_peer(peer); }
+
+  std::size_t reserved_bytes() const noexcept { return backing_.held_bytes(); }
+  std::size_t mapped_bytes() const noexcept { return backing_.mapped_bytes(); }
+  std::size_t handle_count() const noexcept { return backing_.handle_count(); }
+  std::size_t span_count() const noexcept { return space_.span_count(); }
+  const AddressSpace& space() const noexcept { return space_; }
+  const Backing& backing() const noexcept { return backing_; }
+
+  // Checks the invariants of pool_types.h and that the free set holds exactly the free blocks.
+  // `extra_free`: blocks indexed elsewhere by the caller are not expected here. Empty: all hold.
+  std::string validate() const;
+
+ private:
+  struct Window {
+    DevPtr start = 0;       // the block goes at [start, start + rounded)
+    DevPtr gap_lo = 0;      // the unbacked part of it to back, granule-aligned
+    DevPtr gap_hi = 0;
+    Block* unbacked = nullptr;
+    Block* prev = nullptr;  // free neighbours the window may use
+    Block* next = nullptr;
+  };
+  bool place(std::size_t rounded, Window* w) const noexcept;
+  // Idle handles that can be moved for a window, largest first, into candidates_.
+  void collect_idle(const Window& w, std::size_t want) noexcept;
+  // The handle's extent, inside a free block, becomes unbacked (after it was unmapped).
+  bool carve(Handle* h) noexcept;
+  // Blocks and handles to undo a partly mapped window.
+  void unmap_all(Handle* const* hs, std::size_t n) noexcept;
+  bool idle(const Handle* h) const noexcept;
+
+  Backend& backend_;
+  const int device_;
+  Options options_;
+  AddressSpace space_;
+  Backing backing_;
+  FreeSet free_;
+  std::vector<Handle*> candidates_;  // scratch, capacity kept
+  std::vector<Handle*> chosen_;      // scratch, capacity kept
+  std::size_t handles_released_ = 0;
+};
+
+}  // namespace gpustitch::detail
