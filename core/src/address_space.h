@@ -34,9 +34,10 @@ class AddressSpace {
   struct ByAddress {
     bool operator()(const Block& a, const Block& b) const { return a.ptr < b.ptr; }
   };
-  using BlockIndex = boost::intrusive::set<
-      Block, boost::intrusive::member_hook<Block, AddressHook, &Block::addr_hook>,
-      boost::intrusive::compare<ByAddress>>;
+  using BlockIndex =
+      boost::intrusive::set<Block,
+                            boost::intrusive::member_hook<Block, AddressHook, &Block::addr_hook>,
+                            boost::intrusive::compare<ByAddress>>;
   using UnbackedIndex = boost::intrusive::set<
       Block, boost::intrusive::member_hook<Block, AddressHook, &Block::unbacked_hook>,
       boost::intrusive::compare<ByAddress>>;

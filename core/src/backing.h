@@ -33,8 +33,7 @@ class Backing {
     }
   };
   using Member = boost::intrusive::member_hook<Handle, AddressHook, &Handle::hook>;
-  using MappedIndex =
-      boost::intrusive::set<Handle, Member, boost::intrusive::compare<ByAddress>>;
+  using MappedIndex = boost::intrusive::set<Handle, Member, boost::intrusive::compare<ByAddress>>;
   using SpareIndex = boost::intrusive::set<Handle, Member, boost::intrusive::compare<BySize>>;
 
   Backing(Backend& backend, int device) noexcept;

@@ -87,8 +87,9 @@ constexpr std::size_t kMinBlock = 512;           // large blocks are cut at 512 
 LargeHeap::Options heap_options(Backend& backend, const Config& config, int device) {
   LargeHeap::Options o;
   o.granularity = std::max<std::size_t>(backend.granularity(device), 1);
-  o.max_handle = config.segment_size;
+  o.min_handle = config.segment_size;
   o.move = config.stitching;
+  o.max_split_size = config.max_split_size;
   return o;
 }
 
@@ -168,7 +169,6 @@ std::size_t DevicePool::cap_bytes() const noexcept {
   }
   return cap;
 }
-
 
 // ---------------------------------------------------------------------------------------------
 // Allocation
@@ -611,9 +611,9 @@ bool DevicePool::grow_heap(std::size_t rounded, Block** out, Outcome* outcome) n
     stats_.stitched_bytes += rounded;
     outcome->add(make_event(EventKind::stitch, rounded, g.moved_handles + g.spare_handles));
   }
-  outcome->how = g.fresh_bytes != 0                           ? ServedBy::fresh
+  outcome->how = g.fresh_bytes != 0                       ? ServedBy::fresh
                  : g.moved_handles + g.spare_handles != 0 ? ServedBy::stitched
-                                                              : ServedBy::cache;
+                                                          : ServedBy::cache;
   if (outcome->how == ServedBy::cache) ++stats_.cache_hits;
   return true;
 }
@@ -1031,6 +1031,27 @@ DeviceStats DevicePool::stats() const noexcept {
   s.largest_free_block = heap_.largest_free();
   s.largest_possible = usable_ ? largest_possible_locked(device_free) : 0;
   return s;
+}
+
+std::string DevicePool::validate() const {
+  std::lock_guard lock(mu_);
+  if (!usable_) return {};
+  if (std::string why = heap_.validate(); !why.empty()) return why;
+  std::uint64_t pending = 0;
+  for (const Block* b = fq_head_; b != nullptr; b = b->fq_next) {
+    if (b->state != BlockState::pending) return "a block in the fence queue is not pending";
+    pending += b->size;
+  }
+  if (pending != stats_.bytes_pending) return "bytes_pending is not the fence queue's sum";
+  if (stats_.bytes_reserved != heap_.reserved_bytes()) return "bytes_reserved is not the heap's";
+  for (const auto& [stream, set] : stream_free_) {
+    for (const Block* b : set) {
+      if (b->state != BlockState::pending || b->stream != stream) {
+        return "a stream's pending set holds a block that is not its pending block";
+      }
+    }
+  }
+  return {};
 }
 
 PoolEvent DevicePool::make_event(EventKind kind, std::uint64_t size,

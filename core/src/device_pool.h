@@ -60,6 +60,7 @@ class DevicePool final : private ChunkSource {
   DeviceStats stats() const noexcept;
   Status memory_map(std::vector<MappedSegment>* out) const noexcept;  // memory_map.cpp
   void drain_pending() noexcept;
+  std::string validate() const;  // Pool::validate
 
   void lock() noexcept { mu_.lock(); }
   void unlock() noexcept { mu_.unlock(); }

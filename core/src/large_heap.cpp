@@ -103,8 +103,11 @@ bool LargeHeap::place(std::size_t rounded, Window* w) const noexcept {
   std::size_t best_need = SIZE_MAX, best_region = SIZE_MAX;
   for (const Block& cu : space_.unbacked()) {
     auto* u = const_cast<Block*>(&cu);
-    Block* p = u->prev != nullptr && u->prev->state == BlockState::free ? u->prev : nullptr;
-    Block* n = u->next != nullptr && u->next->state == BlockState::free ? u->next : nullptr;
+    auto usable = [&](Block* b) {
+      return b != nullptr && b->state == BlockState::free && usable_for(b, rounded);
+    };
+    Block* p = usable(u->prev) ? u->prev : nullptr;
+    Block* n = usable(u->next) ? u->next : nullptr;
     const DevPtr lo = p != nullptr ? p->ptr : u->ptr;
     const DevPtr hi = n != nullptr ? n->end() : u->end();
     if (hi - lo < rounded) continue;
@@ -112,12 +115,14 @@ bool LargeHeap::place(std::size_t rounded, Window* w) const noexcept {
       const DevPtr e = s + rounded;
       const DevPtr glo = align_down(std::max(s, u->ptr), g);
       const DevPtr ghi = std::min(align_up_ptr(std::min(e, u->end()), g), u->end());
-      const std::size_t need = ghi > glo ? ghi - glo : 0;
+      // Zero: the window lies in a free block, which best fit declined (max_split_size).
+      if (ghi <= glo) continue;
+      const std::size_t need = ghi - glo;
       const std::size_t region = hi - lo;
       if (need < best_need || (need == best_need && region < best_region)) {
         best_need = need;
         best_region = region;
-        *w = Window{s, glo, std::max(glo, ghi), u, p, n};
+        *w = Window{s, glo, ghi, u, p, n};
       }
     }
   }
@@ -129,12 +134,14 @@ bool LargeHeap::idle(const Handle* h) const noexcept {
   return b != nullptr && b->state == BlockState::free && h->end() <= b->end();
 }
 
-void LargeHeap::collect_idle(const Window& w, std::size_t want) noexcept {
+void LargeHeap::collect_idle(const Window& w, std::size_t rounded, std::size_t want) noexcept {
   candidates_.clear();
   std::size_t found = 0, scanned = 0;
   for (auto it = free_.rbegin(); it != free_.rend() && scanned < kMaxScanBlocks; ++it, ++scanned) {
     const Block* b = *it;
-    if (b == w.prev || b == w.next || b->size < options_.granularity) continue;
+    if (b == w.prev || b == w.next || b->size < options_.granularity || !usable_for(b, rounded)) {
+      continue;
+    }
     for (Handle* h = backing_.first_from(b->ptr); h != nullptr && h->end() <= b->end();
          h = backing_.next(h)) {
       if (candidates_.size() == candidates_.capacity()) break;
@@ -200,7 +207,7 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
     if (it->size <= remaining && choose(const_cast<Handle*>(&*it))) ++spares_used;
   }
   if (options_.move && remaining != 0) {
-    collect_idle(w, remaining);
+    collect_idle(w, rounded, remaining);
     for (Handle* h : candidates_) {
       if (remaining == 0) break;
       if (h->size <= remaining && choose(h)) ++moved;
@@ -208,7 +215,10 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
   }
   const std::size_t fresh = remaining;
   if (fresh > fresh_allowance) return Status::out_of_memory;
-  const std::size_t max_handle = std::max(align_up(options_.max_handle, g), g);
+  // Handles of at least min_handle, and at most max_fresh_handles of them for one gap.
+  const std::size_t per_gap = std::max<std::size_t>(options_.max_fresh_handles, 1);
+  const std::size_t max_handle =
+      std::max({align_up(options_.min_handle, g), g, align_up(fresh / per_gap, g)});
   const std::size_t fresh_count = (fresh + max_handle - 1) / max_handle;
   // Nodes for every split below (the window's, two per moved handle, two per handle a failed
   // rollback may leave mapped), so that no step fails half-way for want of host memory.
@@ -399,7 +409,8 @@ std::string LargeHeap::validate() const {
       if (unbacked != b->unbacked_hook.is_linked()) return fail("unbacked index", b);
       if (b->state == BlockState::free) {
         ++free_count;
-        if (free_.find(const_cast<Block*>(b)) == free_.end()) return fail("free block not indexed", b);
+        if (free_.find(const_cast<Block*>(b)) == free_.end())
+          return fail("free block not indexed", b);
       }
       if (unbacked) {
         if (b->ptr % options_.granularity != 0 || b->size % options_.granularity != 0) {

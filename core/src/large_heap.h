@@ -20,13 +20,19 @@ class LargeHeap {
  public:
   struct Options {
     std::size_t granularity = 2 * MiB;
-    std::size_t span_size = 0;           // the first reservation; 0: twice the device's memory
-    std::size_t max_handle = 1 * GiB;    // the largest handle created for one request
-    bool move = true;                    // back requests with idle handles moved from elsewhere
+    std::size_t span_size = 0;  // the first reservation; 0: twice the device's memory
+    // Fresh memory for one gap: handles of min_handle, or of 1/max_fresh_handles of the gap when
+    // that is larger (large_heap.cpp: the trade-off).
+    std::size_t min_handle = 2 * MiB;
+    std::size_t max_fresh_handles = 64;
+    bool move = true;  // back requests with idle handles moved from elsewhere
+    // PyTorch's max_split_size_mb: free blocks at least this large serve only requests at least
+    // this large, and their handles do not move for smaller ones.
+    std::size_t max_split_size = SIZE_MAX;
   };
   // How grow() served a request.
   struct Growth {
-    std::size_t fresh_bytes = 0;   // created for it
+    std::size_t fresh_bytes = 0;  // created for it
     std::size_t fresh_handles = 0;
     std::size_t moved_handles = 0;  // unmapped where they lay free and mapped here
     std::size_t spare_handles = 0;  // held unmapped, mapped here
@@ -87,8 +93,8 @@ class LargeHeap {
 
  private:
   struct Window {
-    DevPtr start = 0;       // the block goes at [start, start + rounded)
-    DevPtr gap_lo = 0;      // the unbacked part of it to back, granule-aligned
+    DevPtr start = 0;   // the block goes at [start, start + rounded)
+    DevPtr gap_lo = 0;  // the unbacked part of it to back, granule-aligned
     DevPtr gap_hi = 0;
     Block* unbacked = nullptr;
     Block* prev = nullptr;  // free neighbours the window may use
@@ -96,7 +102,11 @@ class LargeHeap {
   };
   bool place(std::size_t rounded, Window* w) const noexcept;
   // Idle handles that can be moved for a window, largest first, into candidates_.
-  void collect_idle(const Window& w, std::size_t want) noexcept;
+  void collect_idle(const Window& w, std::size_t rounded, std::size_t want) noexcept;
+  // Whether free block b may hold (part of) a request of `rounded` bytes (max_split_size).
+  bool usable_for(const Block* b, std::size_t rounded) const noexcept {
+    return rounded >= options_.max_split_size || b->size < options_.max_split_size;
+  }
   // The handle's extent, inside a free block, becomes unbacked (after it was unmapped).
   bool carve(Handle* h) noexcept;
   // Blocks and handles to undo a partly mapped window.

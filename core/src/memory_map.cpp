@@ -5,12 +5,12 @@
 // between two unbacked blocks (address space with nothing mapped), so every physical byte appears
 // once. A chunk of the small-object pool is a segment of its own ("small"), cut into its slots.
 //
-// Consistency: the address space and large blocks are copied under the device lock in one go; each chunk's
-// slots, and each large block an arena holds (large_cache.h: live there, or parked, i.e. freed and
-// shown as pending), are read afterwards under its arena's lock (arena locks come
-// before the device lock, never after it). A chunk given back to the large pool in between is shown
-// as one free block: the picture is exact per lock, not across them, which is all a snapshot of a
-// running program is.
+// Consistency: the address space and large blocks are copied under the device lock in one go; each
+// chunk's slots, and each large block an arena holds (large_cache.h: live there, or parked, i.e.
+// freed and shown as pending), are read afterwards under its arena's lock (arena locks come before
+// the device lock, never after it). A chunk given back to the large pool in between is shown as one
+// free block: the picture is exact per lock, not across them, which is all a snapshot of a running
+// program is.
 #include <new>
 
 #include "device_pool.h"

@@ -111,6 +111,11 @@ DeviceStats Pool::stats(int device) const noexcept {
   return dp == nullptr ? DeviceStats{} : dp->stats();
 }
 
+std::string Pool::validate(int device) const {
+  DevicePool* dp = this->device(device);
+  return dp == nullptr ? "no such device" : dp->validate();
+}
+
 Status Pool::memory_map(int device, std::vector<MappedSegment>* out) const noexcept {
   DevicePool* dp = this->device(device);
   if (dp == nullptr) return Status::invalid_device;

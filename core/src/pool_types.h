@@ -26,8 +26,8 @@ using AddressHook =
 struct Handle {
   PhysHandle id = 0;
   std::size_t size = 0;
-  DevPtr at = 0;      // where it is mapped; 0: a spare (held, not mapped)
-  AddressHook hook;   // Backing's index of mapped handles, by address
+  DevPtr at = 0;     // where it is mapped; 0: a spare (held, not mapped)
+  AddressHook hook;  // Backing's index of mapped handles, by address
   DevPtr end() const { return at + size; }
 };
 

@@ -320,7 +320,8 @@ TEST(PoolLargeCache, ReclaimerFenceCoversBlocksParkedWithCudaFreeSemantics) {
 }
 
 // cudaMalloc of another size: blocks parked with cudaFree semantics go back to the device pool,
-// where they are stitched for it, rather than sit in the arena while fresh memory is taken.
+// where they merge with their neighbours and serve it, rather than sit in the arena while fresh
+// memory is taken.
 TEST(PoolLargeCache, CudaMallocOfAnotherSizeGetsTheSmallerParkedBlocks) {
   TestDevice dev = make_test_device({.map_offset = false});
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated device";
@@ -345,7 +346,7 @@ TEST(PoolLargeCache, CudaMallocOfAnotherSizeGetsTheSmallerParkedBlocks) {
   const DeviceStats after = pool.stats(0);
   EXPECT_EQ(after.fresh, before.fresh) << "fresh memory while 8 MiB sat parked";
   EXPECT_EQ(after.bytes_reserved, 8 * MiB);
-  EXPECT_EQ(after.stitches, before.stitches + 1);
+  EXPECT_EQ(after.cache_hits, before.cache_hits + 1) << "the four neighbours merged into one block";
   w.run([&] { return pool.deallocate(big); });
 }
 

@@ -62,15 +62,18 @@ TEST(Pool, SmallAllocationsHoldTheirBytesAndDoNotOverlap) {
   EXPECT_EQ(pool.stats(0).live_blocks, 0u);
 }
 
-TEST(Pool, FreshLargeAllocationIsOneHandle) {
+// A fresh block costs at most 64 handles (each a create and a map) and one cuMemSetAccess, and
+// reserves the request rounded to the granularity, nothing more.
+TEST(Pool, FreshLargeAllocationIsAtMost64HandlesAndOneSetAccess) {
   TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend's call counters";
   Pool pool(*dev.backend, inline_config());
   DevPtr p = 0;
   ASSERT_EQ(pool.allocate(0, 1 * GiB + 5, kAnyStream, &p), Status::ok);
-  EXPECT_EQ(dev.sim->calls(SimOp::create), 1u);
-  EXPECT_EQ(dev.sim->calls(SimOp::map), 1u);
+  EXPECT_LE(dev.sim->calls(SimOp::create), 64u);
+  EXPECT_EQ(dev.sim->calls(SimOp::map), dev.sim->calls(SimOp::create));
   EXPECT_EQ(dev.sim->calls(SimOp::set_access), 1u);
+  EXPECT_EQ(dev.sim->calls(SimOp::reserve), 1u) << "one address space, reserved once";
   DeviceStats s = pool.stats(0);
   EXPECT_EQ(s.bytes_reserved, 1 * GiB + 2 * MiB);
   EXPECT_EQ(s.fresh, 1u);
@@ -258,13 +261,12 @@ struct SeedsCase {
 
 class SeedsScenario : public ::testing::TestWithParam<SeedsCase> {};
 
-TEST_P(SeedsScenario, TwoGiBFitsInScatteredHolesOnlyWithStitching) {
+TEST_P(SeedsScenario, TwoGiBFitsInScatteredHolesByMovingOrByReleasingTheCache) {
   const auto [map_offset, stitching] = GetParam();
   TestDevice dev = make_test_device({.capacity = 40 * GiB, .map_offset = map_offset});
   if (dev.sim == nullptr) GTEST_SKIP() << "needs a 40 GiB simulated device";
   Config c = inline_config();
   c.stitching = stitching;
-  c.segment_size = 64 * MiB;
   Pool pool(*dev.backend, c);
   // 20 segments of 2 GiB, freed to the cache, then cut into tensors (like a caching allocator's
   // segments being split).
@@ -272,7 +274,8 @@ TEST_P(SeedsScenario, TwoGiBFitsInScatteredHolesOnlyWithStitching) {
   for (auto& s : segs) ASSERT_EQ(pool.allocate(0, 2 * GiB, kAnyStream, &s), Status::ok);
   for (auto s : segs) ASSERT_EQ(pool.deallocate(s), Status::ok);
   pool.drain_pending(0);
-  const std::size_t tensor = map_offset ? 2 * MiB : 64 * MiB;
+  // A fresh 2 GiB block is 64 handles of 32 MiB: tensors of that size leave whole handles free.
+  const std::size_t tensor = 32 * MiB;
   std::vector<DevPtr> tensors(40 * GiB / tensor);
   for (auto& t : tensors) ASSERT_EQ(pool.allocate(0, tensor, kAnyStream, &t), Status::ok);
   EXPECT_EQ(pool.stats(0).fresh, 20u) << "the tensors must come from the cached segments";
@@ -294,12 +297,18 @@ TEST_P(SeedsScenario, TwoGiBFitsInScatteredHolesOnlyWithStitching) {
   EXPECT_EQ(before.largest_free_block, tensor);
   DevPtr big = 0;
   Status s = pool.allocate(0, 2 * GiB, kAnyStream, &big);
-  if (!stitching) {
-    EXPECT_EQ(s, Status::out_of_memory);
-    return;
-  }
   ASSERT_EQ(s, Status::ok);
   DeviceStats after = pool.stats(0);
+  if (!stitching) {
+    // Without stitching only PyTorch's remedy is left: give the idle cache back to the driver
+    // and create the block afresh (one trim, one fresh block).
+    EXPECT_EQ(after.trims, before.trims + 1);
+    EXPECT_EQ(after.fresh, before.fresh + 1);
+    EXPECT_EQ(after.stitches, 0u);
+    for (DevPtr k : kept) ASSERT_TRUE(check(dev, k, tensor, k));
+    return;
+  }
+  EXPECT_EQ(after.trims, before.trims) << "stitching must not need a trim";
   EXPECT_EQ(after.stitches, 1u);
   EXPECT_EQ(after.bytes_reserved, before.bytes_reserved) << "stitching must not need new memory";
   // The stitched range is one contiguous, writable range; neighbours keep their bytes.
@@ -354,38 +363,34 @@ TEST(Pool, StitchingWithoutOffsetMappingLendsWholeHandles) {
     ASSERT_TRUE(check(dev, blocks[i], 64 * MiB, i + 1));
 }
 
-// Without offset mapping a stitch lends whole handles. Before fresh memory is taken it stitches
-// only where that wastes little: a free 1 GiB block of 16 MiB handles must not lend a 16 MiB handle
-// to every 4 MiB request (the 12 MiB left in it serve nothing, and the next request stitches
-// again). Once the device is full, though, any handle is lent rather than fail.
-TEST(Pool, StitchBeforeFreshMemoryLendsNoMuchLargerHandle) {
+// Free memory scattered between live blocks is stitched into one range by moving its handles
+// (unmapped where they lie free, mapped where the request goes): the pool's reserved memory does
+// not grow, and the live blocks around keep their bytes.
+TEST(Pool, IdleHandlesMoveRatherThanFreshMemoryIsTaken) {
   TestDevice dev = make_test_device({.capacity = 4 * GiB, .map_offset = false});
   if (dev.sim == nullptr) GTEST_SKIP();
   Pool pool(*dev.backend, inline_config());
-  DevPtr big = 0;
-  ASSERT_EQ(pool.allocate(0, 1 * GiB, kAnyStream, &big), Status::ok);  // 64 x 16 MiB handles
-  ASSERT_EQ(pool.deallocate(big), Status::ok);
+  std::vector<DevPtr> blocks(5);
+  for (auto& b : blocks) {
+    ASSERT_EQ(pool.allocate(0, 256 * MiB, kAnyStream, &b), Status::ok);
+    stamp(dev, b, 256 * MiB, b);
+  }
+  ASSERT_EQ(pool.deallocate(blocks[0]), Status::ok);
+  ASSERT_EQ(pool.deallocate(blocks[2]), Status::ok);
   pool.drain_pending(0);
   const DeviceStats before = pool.stats(0);
-  std::vector<DevPtr> small(3);
-  for (auto& p : small) {
-    ASSERT_EQ(pool.allocate(0, 4 * MiB, kAnyStream, &p), Status::ok);
-    stamp(dev, p, 4 * MiB, p);
-  }
-  DeviceStats st = pool.stats(0);
-  EXPECT_EQ(st.stitches, before.stitches) << "stitched 16 MiB handles for 4 MiB requests";
-  EXPECT_EQ(st.fresh, before.fresh + 3);
-  // The device is now full: a 4 MiB request borrows a 16 MiB handle of the free block.
-  dev.sim->set_external_usage(0, 4 * GiB - dev.sim->used(0));
-  DevPtr last = 0;
-  ASSERT_EQ(pool.allocate(0, 4 * MiB, kAnyStream, &last), Status::ok);
-  stamp(dev, last, 4 * MiB, 99);
-  st = pool.stats(0);
+  const std::size_t used_before = dev.sim->used(0);
+  DevPtr big = 0;
+  ASSERT_EQ(pool.allocate(0, 512 * MiB, kAnyStream, &big), Status::ok);
+  stamp(dev, big, 512 * MiB, 77);
+  const DeviceStats st = pool.stats(0);
+  EXPECT_EQ(st.bytes_reserved, before.bytes_reserved) << "fresh memory while 512 MiB lay idle";
+  EXPECT_EQ(dev.sim->used(0), used_before);
+  EXPECT_EQ(st.fresh, before.fresh);
   EXPECT_EQ(st.stitches, before.stitches + 1);
-  EXPECT_EQ(st.fresh, before.fresh + 3);
-  for (DevPtr p : small) EXPECT_TRUE(check(dev, p, 4 * MiB, p));
-  EXPECT_TRUE(check(dev, last, 4 * MiB, 99));
-  dev.sim->set_external_usage(0, 0);
+  EXPECT_TRUE(check(dev, big, 512 * MiB, 77));
+  for (int i : {1, 3, 4}) EXPECT_TRUE(check(dev, blocks[i], 256 * MiB, blocks[i])) << i;
+  EXPECT_EQ(pool.validate(0), "");
 }
 
 TEST(Pool, StitchTopsUpWithFreshMemory) {
@@ -440,8 +445,10 @@ TEST(Pool, TrimReturnsEverythingIdleAndLeaksNothing) {
     EXPECT_EQ(dev.sim->used(0), 0u);
     EXPECT_EQ(dev.sim->live_handles(), 0u);
     EXPECT_EQ(dev.sim->live_mappings(), 0u);
-    EXPECT_EQ(dev.sim->live_reservations(), 0u);
+    // The address space stays reserved (no physical memory) until the pool goes.
+    EXPECT_EQ(dev.sim->live_reservations(), st.views);
   }
+  EXPECT_EQ(dev.sim->live_reservations(), 0u);
 }
 
 TEST(Pool, ReleaseThresholdGivesIdleMemoryBack) {
@@ -543,7 +550,9 @@ TEST(Pool, ObserverSeesAllocationsFreesAndStitches) {
   EXPECT_EQ(obs.how.back(), ServedBy::stitched);
   ASSERT_FALSE(obs.events.empty());
   EXPECT_EQ(obs.events.back().kind, EventKind::stitch);
-  EXPECT_EQ(obs.events.back().pieces, 4u);
+  // The handles of the four scattered 64 MiB blocks, at least one from each.
+  EXPECT_GE(obs.events.back().pieces, 4u);
+  EXPECT_LE(obs.events.back().pieces, 128u);
 }
 
 TEST(Pool, ConcurrentThreadsNeverShareMemory) {

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "gpustitch/backend.h"
@@ -79,6 +80,11 @@ class Pool {
 
   // Snapshot of device's statistics (refreshes device_free/largest_possible).
   DeviceStats stats(int device) const noexcept;
+
+  // Checks the pool's invariants on device (every physical byte mapped once and owned by one
+  // block, free neighbours merged, the pending sum): empty when they hold, else what broke. For
+  // tests; costs a walk over every block.
+  std::string validate(int device) const;
 
   // Appends device's mapped ranges and their blocks to *out (memory_map.h), for memory snapshots.
   // Takes each lock once, briefly; off every allocation path. Returns invalid_device, or
