@@ -88,6 +88,12 @@ const std::vector<KeySpec>& key_specs() {
          if (!parse_scaled(v, MiB, &s) || s < 2 * MiB || s > 1024 * GiB) return false;
          return c.segment_size = s, true;
        }},
+      {"fresh_handles", "a count between 0 and 65536 (0 = no limit)",
+       [](std::string_view v, Config& c) {
+         std::uint64_t n;
+         if (!parse_u64(v, &n) || n > 65536) return false;
+         return c.fresh_handles = static_cast<unsigned>(n), true;
+       }},
       {"stitching", "on or off",
        [](std::string_view v, Config& c) { return parse_bool(v, &c.stitching); }},
       {"reclaim", "thread or inline",

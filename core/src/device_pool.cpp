@@ -84,10 +84,19 @@ constexpr std::uint64_t kInlineFenceNs = 300;    // an arena fence cheaper than 
 constexpr std::size_t kFenceBatch = 8;           // blocks of one size an arena keeps for one fence
 constexpr std::size_t kMinBlock = 512;           // large blocks are cut at 512 B, as PyTorch's
 
+// Chunks are all of one size (the granularity): each is one handle, and one never needs to move.
+LargeHeap::Options chunk_heap_options(Backend& backend, int device) {
+  LargeHeap::Options o;
+  o.granularity = std::max<std::size_t>(backend.granularity(device), 1);
+  o.move = false;
+  return o;
+}
+
 LargeHeap::Options heap_options(Backend& backend, const Config& config, int device) {
   LargeHeap::Options o;
   o.granularity = std::max<std::size_t>(backend.granularity(device), 1);
   o.min_handle = config.segment_size;
+  o.max_fresh_handles = config.fresh_handles == 0 ? SIZE_MAX : config.fresh_handles;
   o.move = config.stitching;
   o.max_split_size = config.max_split_size;
   return o;
@@ -121,11 +130,12 @@ DevicePool::DevicePool(Backend& backend, const Config& config, int device, PoolO
       device_(device),
       observer_(observer),
       heap_(backend, device, heap_options(backend, config, device), &node_pool_),
+      chunks_(backend, device, chunk_heap_options(backend, device), &node_pool_),
       reclaimer_([this] { return fence_pass(); }) {
   granularity_ = backend_.granularity(device_);
   std::size_t free = 0, total = 0;
   usable_ = granularity_ != 0 && backend_.mem_info(device_, &free, &total) == Status::ok &&
-            heap_.init(total) == Status::ok;
+            heap_.init(total) == Status::ok && chunks_.init(total / 2) == Status::ok;
   total_ = total;
   last_device_free_ = free;
   for (unsigned i = 0; i < arena_slots(); ++i) {
@@ -148,16 +158,17 @@ DevicePool::~DevicePool() {
 }
 
 void DevicePool::sync_physical() noexcept {
-  stats_.bytes_reserved = heap_.reserved_bytes();
-  stats_.bytes_mapped = heap_.mapped_bytes();
-  stats_.handles = heap_.handle_count();
-  stats_.views = heap_.span_count();
+  stats_.bytes_reserved = heap_.reserved_bytes() + chunks_.reserved_bytes();
+  stats_.bytes_mapped = heap_.mapped_bytes() + chunks_.mapped_bytes();
+  stats_.handles = heap_.handle_count() + chunks_.handle_count();
+  stats_.views = heap_.span_count() + chunks_.span_count();
   stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.bytes_reserved);
 }
 
 std::size_t DevicePool::fresh_allowance() const noexcept {
   const std::size_t cap = cap_bytes();
-  return heap_.reserved_bytes() >= cap ? 0 : cap - heap_.reserved_bytes();
+  const std::size_t held = heap_.reserved_bytes() + chunks_.reserved_bytes();
+  return held >= cap ? 0 : cap - held;
 }
 
 std::size_t DevicePool::cap_bytes() const noexcept {
@@ -622,13 +633,14 @@ Block* DevicePool::take_cached(std::size_t rounded, Stream stream) noexcept {
   if (stream != kAnyStream && !stream_free_.empty()) {
     auto it = stream_free_.find(stream);
     if (it != stream_free_.end()) {
-      if (Block* b = take_from(it->second, rounded, true)) return b;
+      if (Block* b = take_from(heap_, it->second, rounded, true)) return b;
     }
   }
-  return take_from(heap_.free_blocks(), rounded, false);
+  return take_from(heap_, heap_.free_blocks(), rounded, false);
 }
 
-Block* DevicePool::take_from(FreeSet& set, std::size_t rounded, bool pending) noexcept {
+Block* DevicePool::take_from(LargeHeap& heap, FreeSet& set, std::size_t rounded,
+                             bool pending) noexcept {
   Block probe;
   probe.size = rounded;
   probe.ptr = 0;
@@ -641,14 +653,14 @@ Block* DevicePool::take_from(FreeSet& set, std::size_t rounded, bool pending) no
   // Oversize blocks are used whole (max_split_size); others are cut at the request.
   const std::size_t cut = b->size >= max_split ? b->size : rounded;
   set.erase(it);
-  Block* rest = b->size > cut ? heap_.split(b, cut) : nullptr;  // nullptr: used whole
+  Block* rest = b->size > cut ? heap.split(b, cut) : nullptr;  // nullptr: used whole
   if (rest != nullptr) {
     if (pending) {
       // The remainder stays queued for its fence, right where b was, and reusable by the stream.
       fq_insert_after(b, rest);
       set.insert(rest);
     } else {
-      heap_.free_blocks().insert(rest);
+      heap.free_blocks().insert(rest);
     }
   }
   if (pending) {
@@ -700,7 +712,7 @@ void DevicePool::fq_remove(Block* b) noexcept {
 // Free
 
 Status DevicePool::deallocate(DevPtr ptr, Stream stream, Outcome* outcome) noexcept {
-  if (!usable_ || !heap_.contains(ptr)) return Status::invalid_value;
+  if (!usable_ || (!heap_.contains(ptr) && !chunks_.contains(ptr))) return Status::invalid_value;
   // This thread's arena first (its small slots and the large blocks it registered), then the
   // device pool's live blocks (large blocks when the arenas' large caches are off), then the
   // other arenas (frees from another thread than the allocating one: the block is parked in the
@@ -806,24 +818,27 @@ void DevicePool::maybe_release_locked(Outcome* outcome) noexcept {
 }
 
 std::size_t DevicePool::trim_locked(std::size_t keep, Outcome* outcome) noexcept {
-  const std::size_t reserved_before = heap_.reserved_bytes();
-  const std::size_t handles_before = heap_.handle_count();
+  const std::size_t reserved_before = stats_.bytes_reserved;
+  const std::size_t handles_before = stats_.handles;
   auto cached = [&] {
+    const std::size_t held = heap_.reserved_bytes() + chunks_.reserved_bytes();
     const std::size_t used = stats_.bytes_allocated + arena_allocated();
-    return heap_.reserved_bytes() > used ? heap_.reserved_bytes() - used : 0;
+    return held > used ? held - used : 0;
   };
   heap_.retry_failed();
+  chunks_.retry_failed();
   std::erase_if(stream_free_, [](const auto& entry) { return entry.second.empty(); });
   // Spares first, then idle handles (wholly inside free blocks), until `keep` is left.
-  while (cached() > keep && heap_.release_one(cached() - keep) != 0) {
+  while (cached() > keep &&
+         (chunks_.release_one(cached() - keep) != 0 || heap_.release_one(cached() - keep) != 0)) {
   }
   sync_physical();
   note_free_changed();
-  const std::size_t released = reserved_before - heap_.reserved_bytes();
+  const std::size_t released = reserved_before - stats_.bytes_reserved;
   if (released != 0) {
     ++stats_.trims;
     stats_.trimmed_bytes += released;
-    outcome->add(make_event(EventKind::trim, released, handles_before - heap_.handle_count()));
+    outcome->add(make_event(EventKind::trim, released, handles_before - stats_.handles));
   }
   return released;
 }
@@ -847,7 +862,9 @@ std::size_t DevicePool::trim(Outcome* outcome) noexcept {
 // only when fenced memory is not enough.
 std::size_t DevicePool::release_one_locked(std::size_t wanted) noexcept {
   heap_.retry_failed();
-  const std::size_t got = heap_.release_one(wanted);
+  chunks_.retry_failed();
+  std::size_t got = chunks_.release_one(wanted);
+  if (got == 0) got = heap_.release_one(wanted);
   sync_physical();
   note_free_changed();
   return got;
@@ -900,7 +917,7 @@ Block* DevicePool::take_chunk(std::size_t size) noexcept {
   Block* b = nullptr;
   Outcome scratch;
   Outcome* outcome = tl_chunk_outcome != nullptr ? tl_chunk_outcome : &scratch;
-  if (allocate_large(size, size, kAnyStream, &b, outcome) != Status::ok) return nullptr;
+  if (allocate_chunk(size, &b, outcome) != Status::ok) return nullptr;
   b->small_chunk = true;
   b->arena = tl_arena != nullptr ? tl_arena->id : 0;
   b->requested = size;
@@ -908,11 +925,39 @@ Block* DevicePool::take_chunk(std::size_t size) noexcept {
   return b;
 }
 
+Status DevicePool::allocate_chunk(std::size_t size, Block** out, Outcome* outcome) noexcept {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (Block* b = take_from(chunks_, chunks_.free_blocks(), size, false)) {
+      ++stats_.cache_hits;
+      *out = b;
+      return Status::ok;
+    }
+    LargeHeap::Growth g;
+    const Status s = chunks_.grow(size, fresh_allowance(), out, &g);
+    sync_physical();
+    if (s == Status::ok) {
+      ++stats_.fresh;
+      outcome->how = ServedBy::fresh;
+      return Status::ok;
+    }
+    // No fresh memory: the large heap's idle handles go back to the driver, then retry.
+    if (attempt == 0 && trim_locked(0, outcome) == 0) break;
+  }
+  return Status::out_of_memory;
+}
+
 void DevicePool::return_chunks(Block* const* blocks, std::size_t n) noexcept {
   std::lock_guard lock(mu_);
   for (std::size_t i = 0; i < n; ++i) {
     blocks[i]->small_chunk = false;
-    make_free(blocks[i]);  // every slot was fenced before the chunk came back
+    chunks_.make_free(blocks[i]);  // every slot was fenced before the chunk came back
+  }
+  // A chunk the arenas no longer keep goes back to the driver at once (one handle, about 14 us
+  // on an H200): held idle in the chunks' own address space it could serve no large block, and
+  // the large heap creates what it needs instead.
+  if (n != 0) {
+    chunks_.release(chunks_.idle_bytes());
+    sync_physical();
   }
 }
 
@@ -924,12 +969,12 @@ bool DevicePool::fence_for_chunk(std::size_t size) noexcept {
 // Queries
 
 bool DevicePool::find(DevPtr ptr, BlockInfo* out) const noexcept {
-  if (!heap_.contains(ptr)) return false;  // not the pool's: no lock
+  if (!heap_.contains(ptr) && !chunks_.contains(ptr)) return false;  // not the pool's: no lock
   std::uint16_t arena = 0;
   DevPtr large_base = 0;  // an arena-owned large block: its start
   {
     std::lock_guard lock(mu_);
-    Block* b = heap_.block_at(ptr);
+    Block* b = heap_.contains(ptr) ? heap_.block_at(ptr) : chunks_.block_at(ptr);
     if (b == nullptr || b->state != BlockState::allocated) return false;
     if (!b->small_chunk && !b->arena_owned) {
       if (out != nullptr) *out = BlockInfo{b->ptr, b->requested, b->size, device_, b->stream};
@@ -960,7 +1005,8 @@ bool DevicePool::find(DevPtr ptr, BlockInfo* out) const noexcept {
 
 Status DevicePool::grant_peer_access(int peer) noexcept {
   std::lock_guard lock(mu_);
-  return heap_.grant_peer(peer);
+  if (Status s = heap_.grant_peer(peer); s != Status::ok) return s;
+  return chunks_.grant_peer(peer);
 }
 
 Status DevicePool::mem_info(std::size_t* free, std::size_t* total) noexcept {
@@ -985,7 +1031,7 @@ std::size_t DevicePool::largest_possible_locked(std::size_t device_free) const n
   headroom = std::min(headroom, device_free) / granularity_ * granularity_;
   // Idle handles serve a request by moving (stitching on) or by being released and created
   // again at the right size (trim and retry); pending and parked memory once fenced.
-  std::size_t idle = heap_.idle_bytes();
+  std::size_t idle = heap_.idle_bytes() + chunks_.idle_bytes();
   if (config_.stitching) idle += stats_.bytes_pending + parked_bytes();
   return std::max(heap_.largest_free(), headroom + idle);
 }
@@ -1037,13 +1083,16 @@ std::string DevicePool::validate() const {
   std::lock_guard lock(mu_);
   if (!usable_) return {};
   if (std::string why = heap_.validate(); !why.empty()) return why;
+  if (std::string why = chunks_.validate(); !why.empty()) return "chunks: " + why;
   std::uint64_t pending = 0;
   for (const Block* b = fq_head_; b != nullptr; b = b->fq_next) {
     if (b->state != BlockState::pending) return "a block in the fence queue is not pending";
     pending += b->size;
   }
   if (pending != stats_.bytes_pending) return "bytes_pending is not the fence queue's sum";
-  if (stats_.bytes_reserved != heap_.reserved_bytes()) return "bytes_reserved is not the heap's";
+  if (stats_.bytes_reserved != heap_.reserved_bytes() + chunks_.reserved_bytes()) {
+    return "bytes_reserved is not the heaps'";
+  }
   for (const auto& [stream, set] : stream_free_) {
     for (const Block* b : set) {
       if (b->state != BlockState::pending || b->stream != stream) {

@@ -75,7 +75,10 @@ class DevicePool final : private ChunkSource {
   Status allocate_large(std::size_t size, std::size_t rounded, Stream stream, Block** out,
                         Outcome* outcome, Arena* owner = nullptr, bool grow = false) noexcept;
   Block* take_cached(std::size_t rounded, Stream stream) noexcept;
-  Block* take_from(FreeSet& set, std::size_t rounded, bool pending) noexcept;
+  // Best fit in `set` (heap's free blocks, or a stream's pending ones), cut at the request.
+  Block* take_from(LargeHeap& heap, FreeSet& set, std::size_t rounded, bool pending) noexcept;
+  // A chunk for the small-object pool, from chunks_ (lock held).
+  Status allocate_chunk(std::size_t size, Block** out, Outcome* outcome) noexcept;
   // The heap's miss path, with its bookkeeping: moved handles count as a stitch.
   bool grow_heap(std::size_t rounded, Block** out, Outcome* outcome) noexcept;
   std::size_t fresh_allowance() const noexcept;  // bytes the cap still allows
@@ -163,7 +166,11 @@ class DevicePool final : private ChunkSource {
   std::size_t total_ = 0;
 
   std::pmr::unsynchronized_pool_resource node_pool_;
-  LargeHeap heap_;
+  LargeHeap heap_;  // large blocks
+  // The small-object pool's chunks, in an address space of their own: long-lived 2 MiB chunks
+  // among large blocks would cut up the free space large blocks merge into (as expandable
+  // segments keep a small pool apart). Its idle handles go back on trim like the heap's.
+  LargeHeap chunks_;
   // Per stream, its pending blocks; an emptied set is kept for the stream's next free (trim
   // drops the empty ones).
   std::pmr::unordered_map<Stream, FreeSet> stream_free_{&node_pool_};

@@ -35,63 +35,64 @@ Status DevicePool::memory_map(std::vector<MappedSegment>* out) const noexcept {
   try {
     {
       std::lock_guard lock(mu_);
-      const AddressSpace& space = heap_.space();
-      for (std::size_t span = 0; span < space.span_count(); ++span) {
-        MappedSegment* seg = nullptr;
-        for (const Block* b = space.first_block(span); b != nullptr; b = b->next) {
-          if (b->state == BlockState::unbacked) {
-            seg = nullptr;
-            continue;
-          }
-          if (b->state == BlockState::allocated && b->small_chunk) {
-            seg = nullptr;
-            MappedSegment chunk;
-            chunk.device = device_;
-            chunk.base = b->ptr;
-            chunk.size = b->size;
-            chunk.stitched = false;
-            chunk.small = true;
-            out->push_back(std::move(chunk));
-            chunks.push_back({out->size() - 1, b->ptr, b->size, b->arena});
-            continue;
-          }
-          if (seg == nullptr) {
-            out->emplace_back();
-            seg = &out->back();
-            seg->device = device_;
-            seg->base = b->ptr;
-            seg->stitched = false;
-          }
-          MappedBlock mb;
-          mb.ptr = b->ptr;
-          mb.size = b->size;
-          if (b->state == BlockState::allocated && b->arena_owned) {
-            mb.state = MappedBlock::State::pending;  // until its arena says otherwise
-            arena_blocks.push_back({static_cast<std::size_t>(seg - out->data()), seg->blocks.size(),
-                                    b->ptr, b->arena});
+      for (const LargeHeap* heap : {&heap_, &chunks_})
+        for (std::size_t span = 0; span < heap->space().span_count(); ++span) {
+          const AddressSpace& space = heap->space();
+          MappedSegment* seg = nullptr;
+          for (const Block* b = space.first_block(span); b != nullptr; b = b->next) {
+            if (b->state == BlockState::unbacked) {
+              seg = nullptr;
+              continue;
+            }
+            if (b->state == BlockState::allocated && b->small_chunk) {
+              seg = nullptr;
+              MappedSegment chunk;
+              chunk.device = device_;
+              chunk.base = b->ptr;
+              chunk.size = b->size;
+              chunk.stitched = false;
+              chunk.small = true;
+              out->push_back(std::move(chunk));
+              chunks.push_back({out->size() - 1, b->ptr, b->size, b->arena});
+              continue;
+            }
+            if (seg == nullptr) {
+              out->emplace_back();
+              seg = &out->back();
+              seg->device = device_;
+              seg->base = b->ptr;
+              seg->stitched = false;
+            }
+            MappedBlock mb;
+            mb.ptr = b->ptr;
+            mb.size = b->size;
+            if (b->state == BlockState::allocated && b->arena_owned) {
+              mb.state = MappedBlock::State::pending;  // until its arena says otherwise
+              arena_blocks.push_back({static_cast<std::size_t>(seg - out->data()),
+                                      seg->blocks.size(), b->ptr, b->arena});
+              seg->size = b->end() - seg->base;
+              seg->blocks.push_back(mb);
+              continue;
+            }
+            switch (b->state) {
+              case BlockState::allocated:
+                mb.state = MappedBlock::State::live;
+                mb.requested = b->requested;
+                mb.stream = b->stream;
+                if (seg->stream == kAnyStream) seg->stream = b->stream;
+                break;
+              case BlockState::pending:
+                mb.state = MappedBlock::State::pending;
+                mb.stream = b->stream;
+                break;
+              default:
+                mb.state = MappedBlock::State::free;
+                break;
+            }
             seg->size = b->end() - seg->base;
             seg->blocks.push_back(mb);
-            continue;
           }
-          switch (b->state) {
-            case BlockState::allocated:
-              mb.state = MappedBlock::State::live;
-              mb.requested = b->requested;
-              mb.stream = b->stream;
-              if (seg->stream == kAnyStream) seg->stream = b->stream;
-              break;
-            case BlockState::pending:
-              mb.state = MappedBlock::State::pending;
-              mb.stream = b->stream;
-              break;
-            default:
-              mb.state = MappedBlock::State::free;
-              break;
-          }
-          seg->size = b->end() - seg->base;
-          seg->blocks.push_back(mb);
         }
-      }
     }
     for (const ArenaBlockRef& ref : arena_blocks) {
       if (ref.arena >= arenas_.size()) continue;

@@ -25,7 +25,7 @@ TEST(Config, EmptyGivesDefaults) {
   EXPECT_TRUE(r.errors.empty());
   EXPECT_EQ(r.config.max_split_size, SIZE_MAX);
   EXPECT_TRUE(r.config.stitching);
-  EXPECT_EQ(r.config.small_limit, 1 * MiB);
+  EXPECT_EQ(r.config.small_limit, 256 * KiB);
 }
 
 TEST(Config, UnknownKeyIsNamedAndTheRestStillApplies) {

@@ -37,7 +37,9 @@ std::size_t small_segments(const Pool& pool) {
 TEST(PoolSmallPool, CudaFreeLoopOverSizeClassesNeverWaitsForTheDeviceLock) {
   TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated device";
-  Pool pool(*dev.backend, inline_config());
+  Config c = inline_config();
+  c.small_limit = 1 * MiB;  // classes near 1 MiB: two or three slots per chunk
+  Pool pool(*dev.backend, c);
   std::promise<DevPtr> warmed;
   std::promise<void> locked;
   std::atomic<int> steps{0};
@@ -86,7 +88,9 @@ TEST(PoolSmallPool, CudaFreeLoopOverSizeClassesNeverWaitsForTheDeviceLock) {
 TEST(PoolSmallPool, EmptyChunksKeptByAnArenaAreBoundedAndTrimTakesThem) {
   TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated device";
-  Pool pool(*dev.backend, inline_config());
+  Config c = inline_config();
+  c.small_limit = 1 * MiB;  // classes near 1 MiB: two or three slots per chunk
+  Pool pool(*dev.backend, c);
   std::vector<DevPtr> slots(64);
   for (DevPtr& p : slots) ASSERT_EQ(pool.allocate(0, 800 * KiB, kAnyStream, &p), Status::ok);
   EXPECT_EQ(small_segments(pool), 32u);

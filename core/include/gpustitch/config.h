@@ -26,16 +26,16 @@ struct Config {
   // Idle cached physical memory above this is handed back to the driver. SIZE_MAX = keep all
   // (cached memory is still released before an out-of-memory is reported).
   std::size_t release_threshold = SIZE_MAX;  // release_threshold_mb
-  std::size_t small_limit = 1 * MiB;         // small_limit_kb: below, size-class chunks
+  std::size_t small_limit = 256 * KiB;       // small_limit_kb: below, size-class chunks
   std::size_t cap = 0;                       // cap_mb: most physical memory per device
   double cap_fraction = 0.0;                 // cap_fraction: of the device's total
   bool stitching = true;                     // stitching:on|off
-  // Where the driver cannot map at an offset into a handle (so only whole handles can be
-  // stitched), fresh allocations above this size are built from handles of this size. 2 MiB (the
-  // granularity) lets a cached block be cut, and its rest lent, anywhere: the pool then reuses
-  // instead of stitching (README, "The handle-size decision"); larger handles make fresh
-  // allocations cheaper to map.
+  // Physical memory moves between places of the address space in whole handles (the driver maps
+  // handles whole), so small handles let freed memory move piece by piece; each handle costs a
+  // create, a map and a share of cuMemSetAccess (large_heap.cpp). Fresh memory comes in handles
+  // of segment_mb, or of 1/fresh_handles of the range it backs when that is larger (0: no limit).
   std::size_t segment_size = 2 * MiB;  // segment_mb
+  unsigned fresh_handles = 64;         // fresh_handles
   // Frees wait for device work on a background thread (thread), or only when an allocation
   // needs their memory (inline: deterministic, for tests and replay).
   bool background_reclaim = true;  // reclaim:thread|inline
