@@ -180,15 +180,17 @@ TEST(Replay, GeneratedTransformerTraceTellsTheSeedsStory) {
   EXPECT_GT(roomy_torch.peak_reserved, live_peak + live_peak / 10);
 
   // A device 4% larger than the live peak: stitching fits the whole run; the caching allocator
-  // and the pool without stitching run out of memory while memory is free -- the request would
-  // have fit in the bytes not allocated, but not in one piece.
+  // runs out of memory while memory is free -- the request would have fit in the bytes not
+  // allocated, but not in one piece. The pool without stitching gets by only by releasing and
+  // re-creating its cache, and holds more.
   const std::size_t capacity = align_up(live_peak + live_peak / 25, 64 * MiB);
   ReplayResult stitched = replay_with("gpustitch", t, capacity);
   ReplayResult cached = replay_with("pytorch", t, capacity);
   ReplayResult unstitched = replay_with("gpustitch-no-stitch", t, capacity);
   EXPECT_EQ(stitched.ooms, 0u);
   EXPECT_EQ(stitched.peak_allocated, live_peak);
-  for (const ReplayResult* r : {&cached, &unstitched}) {
+  EXPECT_LE(stitched.peak_reserved, unstitched.peak_reserved);
+  for (const ReplayResult* r : {&cached}) {
     EXPECT_GT(r->ooms, 0u) << r->policy;
     EXPECT_LE(r->allocated_at_first_oom + r->first_oom_size, capacity)
         << r->policy << ": the first OOM must be fragmentation, not lack of memory";

@@ -102,9 +102,8 @@ TEST(ReplayCli, WholeHandlesAndPoolSettings) {
   ASSERT_EQ(rc, 0) << out;
   auto whole = nlohmann::json::parse(out)["policies"][0];
   EXPECT_EQ(whole["ooms"], 0);
-  // Whole 64 MiB handles can only be cut at their boundaries: the pool fits cached blocks to
-  // new sizes less often, stitches more and holds more (deterministic: inline fencing).
-  EXPECT_GT(whole["stitches"].get<long>(), offset["stitches"].get<long>());
+  // Handles of at least 64 MiB move only whole: free memory left inside a handle a live block
+  // still touches cannot move, so the pool holds more (deterministic: inline fencing).
   EXPECT_GT(whole["peak_reserved_bytes"].get<double>(),
             offset["peak_reserved_bytes"].get<double>());
   out =
