@@ -50,7 +50,7 @@ std::vector<std::string_view> daemon_config_keys() {
 }
 
 DaemonConfigResult parse_daemon_config(std::string_view text, const DaemonConfig& base) {
-  DaemonConfigResult r{base, {}};
+  DaemonConfigResult r{base, {}, {}};
   DaemonConfig& c = r.config;
   int lineno = 0;
   while (!text.empty()) {
@@ -63,20 +63,24 @@ DaemonConfigResult parse_daemon_config(std::string_view text, const DaemonConfig
     line = trim(line);
     if (line.empty()) continue;
     std::size_t eq = line.find('=');
+    std::string_view key =
+        eq == std::string_view::npos ? std::string_view{} : trim(line.substr(0, eq));
     auto bad = [&](const std::string& why) {
       r.errors.push_back("line " + std::to_string(lineno) + ": " + why);
+      r.bad_keys.emplace_back(key);
     };
     if (eq == std::string_view::npos) {
       bad("expected key = value");
       continue;
     }
-    std::string_view key = trim(line.substr(0, eq));
     std::string_view value = trim(line.substr(eq + 1));
     std::string k(key);
     unsigned u = 0;
     if (key == "socket") {
       if (value.empty() || value.front() != '/')
         bad("socket: needs an absolute path");
+      else if (value.size() >= 108)  // sizeof(sockaddr_un::sun_path), NUL included
+        bad("socket: path longer than 107 bytes");
       else
         c.socket_path = std::string(value);
     } else if (key == "socket_mode") {
@@ -148,7 +152,7 @@ DaemonConfigResult parse_daemon_config(std::string_view text, const DaemonConfig
 DaemonConfigResult load_daemon_config(const std::string& path, const DaemonConfig& base) {
   std::ifstream in(path);
   if (!in) {
-    DaemonConfigResult r{base, {}};
+    DaemonConfigResult r{base, {}, {}};
     r.errors.push_back(path + ": cannot read, using defaults");
     return r;
   }

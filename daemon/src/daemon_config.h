@@ -37,6 +37,15 @@ struct DaemonConfig {
 struct DaemonConfigResult {
   DaemonConfig config;
   std::vector<std::string> errors;
+  // Keys whose line was rejected (the value of `base` was kept). The server treats a bad `socket`
+  // line as fatal at start and as "keep the current socket" on reload: falling back to the default
+  // path would take over whatever listens there.
+  std::vector<std::string> bad_keys;
+  bool bad(std::string_view key) const {
+    for (const auto& k : bad_keys)
+      if (k == key) return true;
+    return false;
+  }
 };
 
 DaemonConfigResult parse_daemon_config(std::string_view text, const DaemonConfig& base = {});

@@ -38,6 +38,18 @@ int main(int argc, char** argv) {
     ::setrlimit(RLIMIT_NOFILE, &lim);
   }
 
+  // The options become key = value lines: a value with a line break would smuggle in other keys.
+  for (const auto* v : {&socket_path, &log_level, &config_path})
+    if (v->find_first_of("\r\n") != std::string::npos) {
+      spdlog::error("command line: a value contains a line break");
+      return 2;
+    }
+  for (const auto& s : sets)
+    if (s.find_first_of("\r\n") != std::string::npos) {
+      spdlog::error("command line: --set {}: contains a line break", s.substr(0, s.find('\n')));
+      return 2;
+    }
+
   gpustitch::daemon::ServerOptions options;
   options.config_path = config_path;
   for (const auto& s : sets) options.override_text += s + "\n";

@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cstring>
 #include <filesystem>
 
 #include <spdlog/spdlog.h>
@@ -66,6 +68,57 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   http::response<http::string_body> response_;
 };
 
+// Whether gpustitchd may bind path: nothing there, or a socket nobody listens on (left by a
+// daemon that was killed), which it then removes. Anything else is refused: a file that is not a
+// socket is not ours to delete, and a socket that accepts belongs to a running daemon (taking its
+// name would leave that daemon unreachable).
+bool check_socket_path(const std::string& path, std::string* why) {
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return true;
+    *why = std::strerror(errno);
+    return false;
+  }
+  if (!S_ISSOCK(st.st_mode)) {
+    *why = "exists and is not a socket; not removing it";
+    return false;
+  }
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    *why = std::strerror(errno);
+    return false;
+  }
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), std::min(path.size(), sizeof addr.sun_path - 1));
+  int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  int err = errno;
+  if (rc == 0 || err == EAGAIN || err == EINPROGRESS) {
+    // Listening (EAGAIN: listening with a full backlog). The listener's pid, from the kernel.
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    if (rc == 0 && ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.pid > 0)
+      *why = fmt::format("already running, pid {}", cred.pid);
+    else
+      *why = "already running (the socket accepts connections)";
+    ::close(fd);
+    return false;
+  }
+  ::close(fd);
+  if (err != ECONNREFUSED) {
+    *why = std::string("cannot probe the existing socket: ") + std::strerror(err);
+    return false;
+  }
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    *why = std::string("cannot remove the stale socket: ") + std::strerror(errno);
+    return false;
+  }
+  spdlog::info("removed the stale socket {}", path);
+  return true;
+}
+
 class Server {
  public:
   explicit Server(const ServerOptions& options) : options_(options), table_(DaemonConfig{}) {}
@@ -73,7 +126,7 @@ class Server {
   int run() {
     if (!load_config(true)) return 2;
     table_.reconfigure(config_);
-    if (!open_socket()) return 1;
+    if (!open_socket(config_.socket_path)) return 1;
     open_http();
     signals_.async_wait([this](auto ec, int sig) { on_signal(ec, sig); });
     sample();
@@ -98,8 +151,10 @@ class Server {
   asio::io_context& io() { return io_; }
 
  private:
+  // first: at start, where a bad command-line option or a bad `socket` line is fatal (one line,
+  // exit 2). On reload a bad `socket` line keeps the current socket.
   bool load_config(bool first) {
-    DaemonConfigResult r{DaemonConfig{}, {}};
+    DaemonConfigResult r{DaemonConfig{}, {}, {}};
     if (!options_.config_path.empty()) {
       if (std::filesystem::exists(options_.config_path))
         r = load_daemon_config(options_.config_path);
@@ -107,32 +162,54 @@ class Server {
         r.errors.push_back(options_.config_path + ": not found, using defaults");
     }
     auto o = parse_daemon_config(options_.override_text, r.config);
+    if (first && !o.errors.empty()) {
+      spdlog::error("command line: {}", o.errors.front().substr(o.errors.front().find(": ") + 2));
+      return false;
+    }
+    bool bad_socket = r.bad("socket") || o.bad("socket");
     r.config = o.config;
     for (auto& e : o.errors) r.errors.push_back("command line: " + e);
+    if (bad_socket && first) {
+      for (const auto& e : r.errors)
+        if (e.find("socket:") != std::string::npos) spdlog::error("config: {}", e);
+      return false;
+    }
+    if (bad_socket) r.config.socket_path = config_.socket_path;
     apply_log_level(r.config.log_level);
     for (const auto& e : r.errors) spdlog::warn("config: {}", e);
+    if (bad_socket) spdlog::warn("config: keeping the socket {}", config_.socket_path);
     config_ = r.config;
     return true;
   }
 
-  bool open_socket() {
+  // Listens on path, after check_socket_path() judged it free. On failure logs one line and
+  // leaves the current listener (if any) alone.
+  bool open_socket(const std::string& path) {
+    std::string why;
+    if (!check_socket_path(path, &why)) {
+      spdlog::error("cannot listen on {}: {}", path, why);
+      return false;
+    }
     try {
-      std::filesystem::path path(config_.socket_path);
-      std::error_code ec;
-      std::filesystem::create_directories(path.parent_path(), ec);
-      ::unlink(config_.socket_path.c_str());
       auto acceptor = std::make_unique<unix_proto::acceptor>(io_);
-      unix_proto::endpoint ep(config_.socket_path);
+      unix_proto::endpoint ep(path);
       acceptor->open(ep.protocol());
+      // No SO_REUSEADDR: bind() fails on an existing name, so a daemon that started between the
+      // check and here keeps its socket.
       acceptor->bind(ep);
-      ::chmod(config_.socket_path.c_str(), config_.socket_mode);
+      struct stat st;
+      if (::lstat(path.c_str(), &st) != 0) throw std::runtime_error("socket vanished after bind");
+      ::chmod(path.c_str(), config_.socket_mode);
       acceptor->listen();
+      close_socket();
       unix_acceptor_ = std::move(acceptor);
-      socket_path_ = config_.socket_path;
+      socket_path_ = path;
+      socket_dev_ = st.st_dev;
+      socket_ino_ = st.st_ino;
       accept_unix();
       return true;
     } catch (const std::exception& e) {
-      spdlog::error("cannot listen on {}: {}", config_.socket_path, e.what());
+      spdlog::error("cannot listen on {}: {}", path, e.what());
       return false;
     }
   }
@@ -142,7 +219,11 @@ class Server {
       boost::system::error_code ec;
       unix_acceptor_->close(ec);
       unix_acceptor_.reset();
-      ::unlink(socket_path_.c_str());
+      // Remove the name only while it still is our socket: another daemon may own it by now.
+      struct stat st;
+      if (::lstat(socket_path_.c_str(), &st) == 0 && st.st_dev == socket_dev_ &&
+          st.st_ino == socket_ino_)
+        ::unlink(socket_path_.c_str());
     }
   }
 
@@ -215,8 +296,11 @@ class Server {
       load_config(false);
       table_.reconfigure(config_);
       if (config_.socket_path != old_socket) {
-        close_socket();
-        open_socket();
+        // The new socket first: if it cannot be had, the daemon stays reachable where it was.
+        if (!open_socket(config_.socket_path)) {
+          spdlog::warn("keeping the socket {}", old_socket);
+          config_.socket_path = old_socket;
+        }
       } else {
         ::chmod(config_.socket_path.c_str(), config_.socket_mode);
       }
@@ -243,6 +327,8 @@ class Server {
   std::unique_ptr<unix_proto::acceptor> unix_acceptor_;
   std::unique_ptr<asio::ip::tcp::acceptor> http_acceptor_;
   std::string socket_path_;
+  dev_t socket_dev_ = 0;
+  ino_t socket_ino_ = 0;
   unsigned http_port_ = 0;
   std::string http_address_;
   int sessions_ = 0;
