@@ -293,3 +293,42 @@ TEST_F(TableTest, PrometheusExportsEveryMetricWithHelpTypeAndLabels) {
 TEST(Prometheus, LabelValuesAreEscaped) {
   EXPECT_EQ(escape_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
 }
+
+// Prometheus rejects a whole scrape whose text is not UTF-8, so one process with a Latin-1
+// argument would break the node's metrics (hardening issue, item 3).
+TEST(Prometheus, LabelValuesAreAlwaysUtf8) {
+  const std::string fffd = "\xEF\xBF\xBD";
+  EXPECT_EQ(escape_label("caf\xE9"), "caf" + fffd);  // Latin-1
+  EXPECT_EQ(escape_label("caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80"),
+            "caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80");
+  EXPECT_EQ(escape_label("\xC0\xAF"), fffd + fffd);                        // overlong '/'
+  EXPECT_EQ(escape_label("\xED\xA0\x80"), fffd + fffd + fffd);             // a surrogate
+  EXPECT_EQ(escape_label("\xF4\x90\x80\x80"), fffd + fffd + fffd + fffd);  // above U+10FFFF
+  EXPECT_EQ(escape_label("\xE2\x82"), fffd + fffd);                        // truncated
+  EXPECT_EQ(escape_label("\xE2\x82\""), fffd + fffd + "\\\"");  // a sequence cut by a quote
+  EXPECT_EQ(escape_label("\xFF\\"), fffd + "\\\\");
+  for (int b = 0; b < 256; ++b) {
+    std::string v = escape_label(std::string(1, static_cast<char>(b)) + "x");
+    EXPECT_NO_THROW((void)json(v).dump()) << b;  // json's dump() throws on invalid UTF-8
+  }
+}
+
+TEST_F(TableTest, PrometheusTextIsUtf8WhateverACommandLineHolds) {
+  std::string why;
+  std::string argv = "train.py --name=caf\xE9 --tag=\xFF\xFE";
+  while (argv.size() < 127) argv += "x";
+  argv += "\xC3\xA9\xC3\xA9";  // a two-byte character across the 128-byte cut
+  auto w = shm::RecordWriter::create(shm::RecordWriter::self_name(g_.prefix), "/bin/own", argv, 100,
+                                     &why);
+  ASSERT_TRUE(w) << why;
+  shm::DeviceCounters d{};
+  d.bytes_allocated = 1;
+  w->publish({&d, 1}, shm::realtime_ns());
+  ProcessTable t(config());
+  t.sample();
+  ASSERT_TRUE(t.find(::getpid()));
+  std::string text = format_prometheus(t);
+  EXPECT_NO_THROW((void)json(text).dump());
+  EXPECT_NE(text.find("--name=caf\xEF\xBF\xBD --tag=\xEF\xBF\xBD\xEF\xBF\xBD"), std::string::npos);
+  EXPECT_EQ(text.find("x\xC3\"}"), std::string::npos);  // no half character at the cut
+}
