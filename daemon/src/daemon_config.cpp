@@ -1,10 +1,13 @@
 #include "daemon_config.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
-#include <fstream>
-#include <sstream>
+#include <cstring>
 
 namespace gpustitch::daemon {
 namespace {
@@ -149,16 +152,50 @@ DaemonConfigResult parse_daemon_config(std::string_view text, const DaemonConfig
   return r;
 }
 
+bool read_bounded_file(const std::string& path, std::size_t limit, std::string* out,
+                       std::string* why) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) {
+    *why = std::strerror(errno);
+    return false;
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    *why = S_ISDIR(st.st_mode) ? "is a directory" : "not a regular file";
+    ::close(fd);
+    return false;
+  }
+  out->clear();
+  char buf[65536];
+  while (true) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      *why = std::strerror(errno);
+      ::close(fd);
+      return false;
+    }
+    if (n == 0) break;
+    if (out->size() + static_cast<std::size_t>(n) > limit) {
+      *why = "larger than " + std::to_string(limit) + " bytes";
+      ::close(fd);
+      return false;
+    }
+    out->append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return true;
+}
+
 DaemonConfigResult load_daemon_config(const std::string& path, const DaemonConfig& base) {
-  std::ifstream in(path);
-  if (!in) {
+  std::string text, why;
+  if (!read_bounded_file(path, kMaxConfigBytes, &text, &why)) {
     DaemonConfigResult r{base, {}, {}};
-    r.errors.push_back(path + ": cannot read, using defaults");
+    r.errors.push_back(path + ": " + why);
+    r.unreadable = true;
     return r;
   }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_daemon_config(ss.str(), base);
+  return parse_daemon_config(text, base);
 }
 
 }  // namespace gpustitch::daemon

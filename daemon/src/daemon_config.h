@@ -41,6 +41,7 @@ struct DaemonConfigResult {
   // line as fatal at start and as "keep the current socket" on reload: falling back to the default
   // path would take over whatever listens there.
   std::vector<std::string> bad_keys;
+  bool unreadable = false;  // the file could not be read (errors.front() says why)
   bool bad(std::string_view key) const {
     for (const auto& k : bad_keys)
       if (k == key) return true;
@@ -49,8 +50,16 @@ struct DaemonConfigResult {
 };
 
 DaemonConfigResult parse_daemon_config(std::string_view text, const DaemonConfig& base = {});
-// Reads and parses a file; a missing file gives the defaults and one error line.
+// Reads and parses a file. A file that cannot be read (missing, not a regular file, larger than
+// kMaxConfigBytes) gives base, unreadable and one error line.
 DaemonConfigResult load_daemon_config(const std::string& path, const DaemonConfig& base = {});
+
+inline constexpr std::size_t kMaxConfigBytes = 1 << 20;
+
+// Reads at most limit bytes of a regular file. Never blocks on a FIFO or a device, never grows
+// without bound (`-c /dev/zero`). On failure returns false and says why.
+bool read_bounded_file(const std::string& path, std::size_t limit, std::string* out,
+                       std::string* why);
 
 std::vector<std::string_view> daemon_config_keys();
 

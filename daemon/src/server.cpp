@@ -14,6 +14,7 @@
 #include <boost/beast/http.hpp>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 
 #include <spdlog/spdlog.h>
 
@@ -36,6 +37,15 @@ namespace {
 
 constexpr int kMaxSessions = 256;
 constexpr auto kSessionTimeout = std::chrono::seconds(5);
+// Metrics clients at once. A scrape takes milliseconds; beyond this a client is closed at once,
+// so connections can never take every descriptor the daemon has.
+constexpr int kMaxHttpSessions = 32;
+// Time to send the request headers, and to take the whole answer.
+constexpr auto kHttpReadTimeout = std::chrono::seconds(2);
+constexpr auto kHttpWriteTimeout = std::chrono::seconds(10);
+// After a failed accept (out of descriptors, mostly): wait this long before accepting again. The
+// pending connection stays queued, so accepting again at once fails again: a 100% CPU loop.
+constexpr auto kAcceptBackoff = std::chrono::milliseconds(100);
 
 class Server;
 
@@ -56,8 +66,8 @@ class UnixSession : public std::enable_shared_from_this<UnixSession> {
 
 class HttpSession : public std::enable_shared_from_this<HttpSession> {
  public:
-  HttpSession(Server& server, asio::ip::tcp::socket socket)
-      : server_(server), stream_(std::move(socket)) {}
+  HttpSession(Server& server, asio::ip::tcp::socket socket);
+  ~HttpSession();
   void start();
 
  private:
@@ -126,8 +136,9 @@ class Server {
   int run() {
     if (!load_config(true)) return 2;
     table_.reconfigure(config_);
+    // Metrics first: a port that cannot be had stops the daemon before it takes its socket.
+    if (!open_http()) return 1;
     if (!open_socket(config_.socket_path)) return 1;
-    open_http();
     signals_.async_wait([this](auto ec, int sig) { on_signal(ec, sig); });
     sample();
     sd_notify(0, "READY=1");
@@ -148,6 +159,7 @@ class Server {
   const DaemonConfig& config() const { return config_; }
   CoopRelay& coop() { return coop_; }
   int& sessions() { return sessions_; }
+  int& http_sessions() { return http_sessions_; }
   asio::io_context& io() { return io_; }
 
  private:
@@ -156,10 +168,21 @@ class Server {
   bool load_config(bool first) {
     DaemonConfigResult r{DaemonConfig{}, {}, {}};
     if (!options_.config_path.empty()) {
-      if (std::filesystem::exists(options_.config_path))
+      // Only the default file may be absent; one named with -c must be there and readable.
+      std::error_code ec;
+      if (options_.config_required ||
+          std::filesystem::symlink_status(options_.config_path, ec).type() !=
+              std::filesystem::file_type::not_found) {
         r = load_daemon_config(options_.config_path);
-      else if (!first)
-        r.errors.push_back(options_.config_path + ": not found, using defaults");
+        if (r.unreadable) {
+          if (first) {
+            spdlog::error("config: {}", r.errors.front());
+            return false;
+          }
+          spdlog::error("config: {}; keeping the current configuration", r.errors.front());
+          return false;
+        }
+      }
     }
     auto o = parse_daemon_config(options_.override_text, r.config);
     if (first && !o.errors.empty()) {
@@ -227,35 +250,65 @@ class Server {
     }
   }
 
-  void open_http() {
+  // Listens for metrics as configured (nothing when the port is 0). On failure logs one line and
+  // keeps the current listener, so a reload to a taken port leaves metrics where they were.
+  bool open_http() {
+    if (config_.prometheus_port == http_port_ && config_.prometheus_address == http_address_ &&
+        (http_acceptor_ || !http_port_))
+      return true;
+    std::unique_ptr<asio::ip::tcp::acceptor> acceptor;
+    if (config_.prometheus_port) {
+      try {
+        auto addr = asio::ip::make_address(config_.prometheus_address);
+        asio::ip::tcp::endpoint ep(addr, static_cast<unsigned short>(config_.prometheus_port));
+        acceptor = std::make_unique<asio::ip::tcp::acceptor>(io_);
+        acceptor->open(ep.protocol());
+        acceptor->set_option(asio::socket_base::reuse_address(true));
+        acceptor->bind(ep);
+        acceptor->listen();
+      } catch (const std::exception& e) {
+        spdlog::error("cannot serve metrics on {}:{}: {}", config_.prometheus_address,
+                      config_.prometheus_port, e.what());
+        return false;
+      }
+    }
     if (http_acceptor_) {
       boost::system::error_code ec;
       http_acceptor_->close(ec);
-      http_acceptor_.reset();
     }
+    http_acceptor_ = std::move(acceptor);
     http_port_ = config_.prometheus_port;
     http_address_ = config_.prometheus_address;
-    if (!config_.prometheus_port) return;
-    try {
-      auto addr = asio::ip::make_address(config_.prometheus_address);
-      asio::ip::tcp::endpoint ep(addr, static_cast<unsigned short>(config_.prometheus_port));
-      auto acceptor = std::make_unique<asio::ip::tcp::acceptor>(io_);
-      acceptor->open(ep.protocol());
-      acceptor->set_option(asio::socket_base::reuse_address(true));
-      acceptor->bind(ep);
-      acceptor->listen();
-      http_acceptor_ = std::move(acceptor);
-      accept_http();
-    } catch (const std::exception& e) {
-      spdlog::error("cannot serve metrics on {}:{}: {}", config_.prometheus_address,
-                    config_.prometheus_port, e.what());
+    if (http_acceptor_) accept_http();
+    return true;
+  }
+
+  // An accept failed for want of resources: say so (once a minute at most) and try again later.
+  void accept_failed(const char* what, const boost::system::error_code& ec,
+                     std::function<void()> again) {
+    auto now = std::chrono::steady_clock::now();
+    if (now - last_accept_log_ > std::chrono::minutes(1)) {
+      last_accept_log_ = now;
+      spdlog::warn("{}: accept failed: {}; retrying every {} ms", what, ec.message(),
+                   kAcceptBackoff.count());
     }
+    auto timer = std::make_shared<asio::steady_timer>(io_, kAcceptBackoff);
+    timer->async_wait([timer, again = std::move(again)](boost::system::error_code e) {
+      if (!e) again();
+    });
   }
 
   void accept_unix() {
-    unix_acceptor_->async_accept([this](boost::system::error_code ec, unix_proto::socket s) {
-      if (ec == asio::error::operation_aborted || !unix_acceptor_) return;
-      if (!ec) {
+    auto* acceptor = unix_acceptor_.get();
+    acceptor->async_accept([this, acceptor](boost::system::error_code ec, unix_proto::socket s) {
+      if (ec == asio::error::operation_aborted || unix_acceptor_.get() != acceptor) return;
+      if (ec) {
+        accept_failed("socket", ec, [this, acceptor] {
+          if (unix_acceptor_.get() == acceptor) accept_unix();
+        });
+        return;
+      }
+      {
         if (sessions_ >= kMaxSessions) {
           boost::system::error_code ignore;
           s.close(ignore);
@@ -268,9 +321,21 @@ class Server {
   }
 
   void accept_http() {
-    http_acceptor_->async_accept([this](boost::system::error_code ec, asio::ip::tcp::socket s) {
-      if (ec == asio::error::operation_aborted || !http_acceptor_) return;
-      if (!ec) std::make_shared<HttpSession>(*this, std::move(s))->start();
+    auto* acceptor = http_acceptor_.get();
+    acceptor->async_accept([this, acceptor](boost::system::error_code ec, asio::ip::tcp::socket s) {
+      if (ec == asio::error::operation_aborted || http_acceptor_.get() != acceptor) return;
+      if (ec) {
+        accept_failed("metrics", ec, [this, acceptor] {
+          if (http_acceptor_.get() == acceptor) accept_http();
+        });
+        return;
+      }
+      if (http_sessions_ >= kMaxHttpSessions) {
+        boost::system::error_code ignore;
+        s.close(ignore);
+      } else {
+        std::make_shared<HttpSession>(*this, std::move(s))->start();
+      }
       accept_http();
     });
   }
@@ -293,8 +358,7 @@ class Server {
     if (sig == SIGHUP) {
       sd_notify(0, "RELOADING=1");
       std::string old_socket = config_.socket_path;
-      load_config(false);
-      table_.reconfigure(config_);
+      if (load_config(false)) table_.reconfigure(config_);
       if (config_.socket_path != old_socket) {
         // The new socket first: if it cannot be had, the daemon stays reachable where it was.
         if (!open_socket(config_.socket_path)) {
@@ -304,8 +368,10 @@ class Server {
       } else {
         ::chmod(config_.socket_path.c_str(), config_.socket_mode);
       }
-      if (config_.prometheus_port != http_port_ || config_.prometheus_address != http_address_)
-        open_http();
+      if (!open_http()) {
+        config_.prometheus_port = http_port_;
+        config_.prometheus_address = http_address_;
+      }
       sample_timer_.cancel();
       sample();
       spdlog::info("configuration reloaded");
@@ -332,6 +398,8 @@ class Server {
   unsigned http_port_ = 0;
   std::string http_address_;
   int sessions_ = 0;
+  int http_sessions_ = 0;
+  std::chrono::steady_clock::time_point last_accept_log_{};
 };
 
 UnixSession::UnixSession(Server& server, unix_proto::socket socket)
@@ -386,11 +454,21 @@ void UnixSession::start() {
       });
 }
 
+HttpSession::HttpSession(Server& server, asio::ip::tcp::socket socket)
+    : server_(server), stream_(std::move(socket)) {
+  ++server_.http_sessions();
+}
+
+HttpSession::~HttpSession() {
+  --server_.http_sessions();
+}
+
 void HttpSession::start() {
   auto self = shared_from_this();
   parser_.emplace();
   parser_->header_limit(8192);
-  stream_.expires_after(kSessionTimeout);
+  parser_->body_limit(0);
+  stream_.expires_after(kHttpReadTimeout);
   http::async_read(stream_, buffer_, *parser_, [self](beast::error_code ec, std::size_t) {
     if (ec) return;
     const auto& req = self->parser_->get();
@@ -398,17 +476,24 @@ void HttpSession::start() {
     res.version(req.version());
     res.keep_alive(false);
     std::string_view target(req.target().data(), req.target().size());
-    if (req.method() == http::verb::get &&
+    bool head = req.method() == http::verb::head;
+    if ((req.method() == http::verb::get || head) &&
         (target == "/metrics" || target.rfind("/metrics?", 0) == 0)) {
       res.result(http::status::ok);
       res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
       res.body() = format_prometheus(self->server_.table());
+      if (head) {
+        // The length a GET would have, no body.
+        res.content_length(res.body().size());
+        res.body().clear();
+      }
     } else {
       res.result(http::status::not_found);
       res.set(http::field::content_type, "text/plain");
       res.body() = "gpustitchd: metrics are at /metrics\n";
     }
-    res.prepare_payload();
+    if (!head || res.result() != http::status::ok) res.prepare_payload();
+    self->stream_.expires_after(kHttpWriteTimeout);
     http::async_write(self->stream_, res, [self](beast::error_code, std::size_t) {
       beast::error_code ignore;
       self->stream_.socket().shutdown(asio::ip::tcp::socket::shutdown_send, ignore);

@@ -2,6 +2,8 @@
 // its socket path, a second instance, bad paths on the command line and on reload. Every daemon
 // here uses a socket in a fresh temporary directory and a record prefix of its own, so it never
 // touches the records or the socket of a real daemon on the machine.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -98,6 +100,77 @@ class HostileDaemon : public ::testing::Test {
   std::vector<Child> daemons_;
   std::vector<std::string> logs_;
 };
+
+// A loopback port nobody listens on (a race with other programs is possible but harmless here:
+// the tests that need a free port would fail loudly, not wrongly pass).
+int free_port() {
+  int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(s);
+  return ntohs(a.sin_port);
+}
+
+// A connected loopback TCP socket, or -1.
+int tcp_connect(int port) {
+  int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(s);
+    return -1;
+  }
+  return s;
+}
+
+std::string http(int port, const std::string& request) {
+  int s = tcp_connect(port);
+  if (s < 0) return {};
+  timeval tv{5, 0};
+  ::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  (void)!::write(s, request.data(), request.size());
+  std::string out;
+  char buf[65536];
+  ssize_t n;
+  while ((n = ::read(s, buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(n));
+  ::close(s);
+  return out;
+}
+
+std::string http_get(int port, const std::string& path) {
+  return http(port, "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+}
+
+// Descriptors the process has open.
+std::size_t open_fds(pid_t pid) {
+  std::error_code ec;
+  std::size_t n = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
+    ++n;
+  return n;
+}
+
+// User plus system CPU time of the process, in seconds (from /proc/<pid>/stat).
+double cpu_seconds(pid_t pid) {
+  std::string stat = slurp("/proc/" + std::to_string(pid) + "/stat");
+  std::size_t close = stat.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream in(stat.substr(close + 2));
+  std::string field;
+  unsigned long long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && in >> field; ++i) {
+    if (i == 14) utime = std::stoull(field);
+    if (i == 15) stime = std::stoull(field);
+  }
+  return double(utime + stime) / double(::sysconf(_SC_CLK_TCK));
+}
 
 std::size_t lines(const std::string& s) {
   return static_cast<std::size_t>(std::count(s.begin(), s.end(), '\n'));
@@ -204,4 +277,122 @@ TEST_F(HostileDaemon, RefusesLineBreaksInOptions) {
   auto rc = exit_of(0);
   ASSERT_TRUE(rc);
   EXPECT_EQ(*rc, 2);
+}
+
+// Item 6: the metrics listener and the daemon's inputs.
+
+TEST_F(HostileDaemon, ATakenMetricsPortIsFatal) {
+  int port = free_port();
+  int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  int one = 1;
+  ::setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(s, 4), 0);
+  start({"--socket", socket_, "--prometheus-port", std::to_string(port)});
+  auto rc = exit_of(0);
+  ::close(s);
+  ASSERT_TRUE(rc) << "the daemon ran without the metrics it was asked to serve";
+  EXPECT_NE(*rc, 0);
+  std::string err = log(0);
+  EXPECT_EQ(lines(err), 1u) << err;
+  EXPECT_NE(err.find(std::to_string(port)), std::string::npos) << err;
+  EXPECT_FALSE(std::filesystem::exists(socket_));  // it did not take its socket either
+}
+
+TEST_F(HostileDaemon, AConfigFileThatCannotBeReadIsFatal) {
+  std::string fifo = dir_ + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::string big = dir_ + "/big.conf";
+  std::ofstream(big) << std::string(2 << 20, '#');
+  std::size_t i = 0;
+  for (const std::string& conf :
+       {dir_ + "/missing.conf", dir_, std::string("/dev/zero"), fifo, big}) {
+    start({"--socket", socket_, "--config", conf}, false);
+    auto rc = exit_of(i, 20s);
+    ASSERT_TRUE(rc) << conf << ": the daemon ran (or hung reading it)";
+    EXPECT_EQ(*rc, 2) << conf;
+    std::string err = log(i);
+    EXPECT_EQ(lines(err), 1u) << conf << ": " << err;
+    EXPECT_NE(err.find(conf), std::string::npos) << err;
+    EXPECT_FALSE(std::filesystem::exists(socket_));
+    ++i;
+  }
+}
+
+TEST_F(HostileDaemon, HeadMetricsAnswersLikeGetWithoutABody) {
+  int port = free_port();
+  start({"--socket", socket_, "--prometheus-port", std::to_string(port)});
+  ASSERT_TRUE(eventually([&] { return pings(socket_); }));
+  std::string get = http_get(port, "/metrics");
+  ASSERT_NE(get.find("200 OK"), std::string::npos) << get;
+  std::string head =
+      http(port, "HEAD /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+  EXPECT_NE(head.find("200 OK"), std::string::npos) << head;
+  EXPECT_EQ(head.find("# HELP"), std::string::npos) << head;
+}
+
+// Idle connections beyond the cap are closed at once: they cannot take every descriptor.
+TEST_F(HostileDaemon, MetricsConnectionsAreCapped) {
+  int port = free_port();
+  Child d = start({"--socket", socket_, "--prometheus-port", std::to_string(port)});
+  ASSERT_TRUE(eventually([&] { return pings(socket_); }));
+  std::size_t base = open_fds(d.pid);
+  std::vector<int> idle;
+  for (int i = 0; i < 200; ++i) {
+    int s = tcp_connect(port);
+    if (s >= 0) idle.push_back(s);
+  }
+  ASSERT_GT(idle.size(), 100u);
+  // Give the daemon time to accept them all (the kernel accepts them on its behalf).
+  EXPECT_TRUE(eventually([&] { return pings(socket_); }));
+  std::this_thread::sleep_for(300ms);
+  std::size_t held = open_fds(d.pid) - base;
+  EXPECT_LE(held, 40u) << "idle metrics connections held by the daemon";
+  EXPECT_TRUE(pings(socket_));
+  for (int s : idle) ::close(s);
+  // Once the idle ones are gone, metrics are served again.
+  EXPECT_TRUE(
+      eventually([&] { return http_get(port, "/metrics").find("200 OK") != std::string::npos; }));
+}
+
+// At descriptor exhaustion the accept loop must wait, not spin: a failed accept leaves the
+// connection queued, and accepting again at once fails again.
+TEST_F(HostileDaemon, NoBusyLoopWhenOutOfDescriptors) {
+  int port = free_port();
+  // Hard and soft limit low enough that a handful of connections exhausts them.
+  std::string cmd = "ulimit -n 20 && exec \"$0\" \"$@\"";
+  std::vector<std::string> argv{"/bin/sh",
+                                "-c",
+                                cmd,
+                                GPUSTITCHD,
+                                "--config",
+                                "",
+                                "--set",
+                                "record_prefix=" + g_.prefix,
+                                "--socket",
+                                socket_,
+                                "--prometheus-port",
+                                std::to_string(port)};
+  Child d = test::spawn(argv, {}, -1, -1, dir_ + "/stderr.0");
+  daemons_.push_back(d);
+  logs_.push_back(dir_ + "/stderr.0");
+  ASSERT_TRUE(eventually([&] { return pings(socket_); })) << log(0);
+  std::vector<int> idle;
+  for (int i = 0; i < 60; ++i) {
+    int s = tcp_connect(port);
+    if (s >= 0) idle.push_back(s);
+  }
+  std::this_thread::sleep_for(200ms);
+  double before = cpu_seconds(d.pid);
+  std::this_thread::sleep_for(1500ms);
+  double used = cpu_seconds(d.pid) - before;
+  for (int s : idle) ::close(s);
+  // An idle daemon uses next to nothing; a spinning one a whole core (even on a loaded machine
+  // it gets far more than this).
+  EXPECT_LT(used, 0.4) << "CPU seconds in 1.5 s with descriptors exhausted";
+  EXPECT_TRUE(eventually([&] { return pings(socket_); }));
 }
