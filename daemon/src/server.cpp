@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
 
 #include <spdlog/spdlog.h>
 
@@ -35,7 +36,17 @@ void apply_log_level(const std::string& level) {
 
 namespace {
 
+// Socket clients at once. Any local user may connect, so one user must not be able to take every
+// slot: each unprivileged uid gets kMaxSessionsPerUid, all of them together kMaxSessions, and
+// root and admin_group members have kMaxPrivilegedSessions of their own, which nobody else can
+// use (so `gpustitch ps` as root works while others flood the socket).
 constexpr int kMaxSessions = 256;
+constexpr int kMaxSessionsPerUid = 8;
+constexpr int kMaxPrivilegedSessions = 32;
+// A client has this long to send its request line (the CLI sends it right after connecting);
+// an idle connection is closed then, not held for the whole session time.
+constexpr auto kFirstRequestTimeout = std::chrono::seconds(1);
+// Then this long to take the answer.
 constexpr auto kSessionTimeout = std::chrono::seconds(5);
 // Metrics clients at once. A scrape takes milliseconds; beyond this a client is closed at once,
 // so connections can never take every descriptor the daemon has.
@@ -51,17 +62,20 @@ class Server;
 
 class UnixSession : public std::enable_shared_from_this<UnixSession> {
  public:
-  UnixSession(Server& server, unix_proto::socket socket);
+  UnixSession(Server& server, unix_proto::socket socket, Peer peer, bool privileged);
   ~UnixSession();
   void start();
 
  private:
+  void arm(std::chrono::steady_clock::duration timeout);
+
   Server& server_;
   unix_proto::socket socket_;
   asio::steady_timer timer_;
   std::string in_;
   std::string out_;
   Peer peer_;
+  bool privileged_;
 };
 
 class HttpSession : public std::enable_shared_from_this<HttpSession> {
@@ -158,7 +172,24 @@ class Server {
   const ProcessTable& table() const { return table_; }
   const DaemonConfig& config() const { return config_; }
   CoopRelay& coop() { return coop_; }
-  int& sessions() { return sessions_; }
+  // Socket sessions open: unprivileged (all, and per uid) and privileged.
+  void session_opened(uid_t uid, bool privileged) {
+    if (privileged) {
+      ++privileged_sessions_;
+      return;
+    }
+    ++sessions_;
+    ++sessions_by_uid_[uid];
+  }
+  void session_closed(uid_t uid, bool privileged) {
+    if (privileged) {
+      --privileged_sessions_;
+      return;
+    }
+    --sessions_;
+    if (auto it = sessions_by_uid_.find(uid); it != sessions_by_uid_.end() && --it->second <= 0)
+      sessions_by_uid_.erase(it);
+  }
   int& http_sessions() { return http_sessions_; }
   asio::io_context& io() { return io_; }
 
@@ -283,6 +314,43 @@ class Server {
     return true;
   }
 
+  // A new socket client: served if its user (from SO_PEERCRED, which it cannot forge) is within
+  // its limits, else closed at once.
+  void admit(unix_proto::socket s) {
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    boost::system::error_code ignore;
+    if (::getsockopt(s.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+      s.close(ignore);
+      return;
+    }
+    Peer peer{cred.uid, cred.gid, cred.pid, {}};
+    peer.groups = process_groups(cred.pid);
+    bool privileged = peer_sees_all(peer, config_.admin_group);
+    const char* refused = nullptr;
+    if (privileged) {
+      if (privileged_sessions_ >= kMaxPrivilegedSessions) refused = "root and admin_group";
+    } else if (sessions_ >= kMaxSessions) {
+      refused = "all users";
+    } else if (auto it = sessions_by_uid_.find(cred.uid);
+               it != sessions_by_uid_.end() && it->second >= kMaxSessionsPerUid) {
+      refused = "this user";
+    }
+    if (refused) {
+      auto now = std::chrono::steady_clock::now();
+      if (now - last_limit_log_ > std::chrono::minutes(1)) {
+        last_limit_log_ = now;
+        spdlog::warn(
+            "socket: connection limit for {} reached (uid {}, pid {}); closing new connections "
+            "(limits: {} per user, {} in all, {} for root and admin_group)",
+            refused, cred.uid, cred.pid, kMaxSessionsPerUid, kMaxSessions, kMaxPrivilegedSessions);
+      }
+      s.close(ignore);
+      return;
+    }
+    std::make_shared<UnixSession>(*this, std::move(s), std::move(peer), privileged)->start();
+  }
+
   // An accept failed for want of resources: say so (once a minute at most) and try again later.
   void accept_failed(const char* what, const boost::system::error_code& ec,
                      std::function<void()> again) {
@@ -308,14 +376,7 @@ class Server {
         });
         return;
       }
-      {
-        if (sessions_ >= kMaxSessions) {
-          boost::system::error_code ignore;
-          s.close(ignore);
-        } else {
-          std::make_shared<UnixSession>(*this, std::move(s))->start();
-        }
-      }
+      admit(std::move(s));
       accept_unix();
     });
   }
@@ -384,6 +445,12 @@ class Server {
   }
 
   ServerOptions options_;
+  // Before io_: sessions that io_ still holds when it is destroyed count themselves out here.
+  int sessions_ = 0;
+  int privileged_sessions_ = 0;
+  std::map<uid_t, int> sessions_by_uid_;
+  std::chrono::steady_clock::time_point last_limit_log_{};
+  int http_sessions_ = 0;
   DaemonConfig config_;
   ProcessTable table_;
   CoopRelay coop_;
@@ -397,36 +464,36 @@ class Server {
   ino_t socket_ino_ = 0;
   unsigned http_port_ = 0;
   std::string http_address_;
-  int sessions_ = 0;
-  int http_sessions_ = 0;
   std::chrono::steady_clock::time_point last_accept_log_{};
 };
 
-UnixSession::UnixSession(Server& server, unix_proto::socket socket)
-    : server_(server), socket_(std::move(socket)), timer_(server.io()) {
-  ++server_.sessions();
+UnixSession::UnixSession(Server& server, unix_proto::socket socket, Peer peer, bool privileged)
+    : server_(server),
+      socket_(std::move(socket)),
+      timer_(server.io()),
+      peer_(std::move(peer)),
+      privileged_(privileged) {
+  server_.session_opened(peer_.uid, privileged_);
 }
 
 UnixSession::~UnixSession() {
-  --server_.sessions();
+  server_.session_closed(peer_.uid, privileged_);
 }
 
-void UnixSession::start() {
-  ucred cred{};
-  socklen_t len = sizeof cred;
-  if (::getsockopt(socket_.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return;
-  peer_.uid = cred.uid;
-  peer_.gid = cred.gid;
-  peer_.pid = cred.pid;
-  peer_.groups = process_groups(cred.pid);
+void UnixSession::arm(std::chrono::steady_clock::duration timeout) {
   auto self = shared_from_this();
-  timer_.expires_after(kSessionTimeout);
+  timer_.expires_after(timeout);
   timer_.async_wait([self](boost::system::error_code ec) {
     if (!ec) {
       boost::system::error_code ignore;
       self->socket_.close(ignore);
     }
   });
+}
+
+void UnixSession::start() {
+  auto self = shared_from_this();
+  arm(kFirstRequestTimeout);
   asio::async_read_until(
       socket_, asio::dynamic_buffer(in_, kMaxRequestBytes + 1), '\n',
       [self](boost::system::error_code ec, std::size_t n) {
@@ -444,6 +511,7 @@ void UnixSession::start() {
         else
           self->out_ =
               handle_request(line, self->peer_, self->server_.table(), self->server_.config());
+        self->arm(kSessionTimeout);
         asio::async_write(self->socket_, asio::buffer(self->out_),
                           [self](boost::system::error_code, std::size_t) {
                             boost::system::error_code ignore;

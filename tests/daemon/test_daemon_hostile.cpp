@@ -4,6 +4,9 @@
 // touches the records or the socket of a real daemon on the machine.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -395,4 +398,123 @@ TEST_F(HostileDaemon, NoBusyLoopWhenOutOfDescriptors) {
   // it gets far more than this).
   EXPECT_LT(used, 0.4) << "CPU seconds in 1.5 s with descriptors exhausted";
   EXPECT_TRUE(eventually([&] { return pings(socket_); }));
+}
+
+// Item 2: one user cannot deny the socket to others.
+
+namespace {
+
+// A process of uid/gid that keeps up to `count` connections to the socket open, sending nothing
+// and reconnecting those the daemon closes, until killed. Its pid; it writes one byte to
+// ready_fd once it has tried `count` connections.
+pid_t start_flooder(const std::string& socket, int count, int uid, int gid, int ready_fd) {
+  pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::setgroups(0, nullptr) != 0 || ::setgid(gid) != 0 || ::setuid(uid) != 0) ::_exit(3);
+  rlimit lim{};
+  ::getrlimit(RLIMIT_NOFILE, &lim);
+  lim.rlim_cur = lim.rlim_max;
+  ::setrlimit(RLIMIT_NOFILE, &lim);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, socket.c_str(), sizeof a.sun_path - 1);
+  auto connect_one = [&] {
+    int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    if (s >= 0 && ::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+      ::close(s);
+      s = -1;
+    }
+    return s;
+  };
+  std::vector<pollfd> fds;
+  for (int i = 0; i < count; ++i)
+    if (int s = connect_one(); s >= 0) fds.push_back({s, POLLIN, 0});
+  (void)!::write(ready_fd, "r", 1);
+  while (true) {
+    ::poll(fds.data(), fds.size(), 50);
+    for (auto& p : fds) {
+      if (!p.revents) continue;
+      ::close(p.fd);  // closed by the daemon: open another
+      p.fd = connect_one();
+      p.revents = 0;
+      if (p.fd < 0) p.fd = -1;
+    }
+    for (auto& p : fds)
+      if (p.fd < 0) p.fd = connect_one();
+  }
+}
+
+}  // namespace
+
+TEST_F(HostileDaemon, RootIsServedWhileAnotherUserFloodsTheSocket) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a process as another user";
+  start({"--socket", socket_});
+  ASSERT_TRUE(eventually([&] { return pings(socket_); }));
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  pid_t flooder = start_flooder(socket_, 300, 65534, 65534, ready[1]);
+  ASSERT_GT(flooder, 0);
+  char c;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ::close(ready[0]);
+  ::close(ready[1]);
+  int served = 0;
+  for (int i = 0; i < 10; ++i) {
+    auto j = shm::query_daemon(socket_, {{"cmd", "list"}}, 3000, nullptr);
+    if (j && j->value("ok", false)) ++served;
+    std::this_thread::sleep_for(100ms);
+  }
+  ::kill(flooder, SIGKILL);
+  ::waitpid(flooder, nullptr, 0);
+  EXPECT_EQ(served, 10) << "root's queries answered while nobody held 300 connections";
+  EXPECT_NE(log(0).find("connection limit"), std::string::npos) << log(0);
+}
+
+TEST_F(HostileDaemon, AnotherUserIsServedWhileOneUserFloods) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run processes as other users";
+  start({"--socket", socket_});
+  ASSERT_TRUE(eventually([&] { return pings(socket_); }));
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  pid_t flooder = start_flooder(socket_, 300, 65534, 65534, ready[1]);
+  char c;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ::close(ready[0]);
+  ::close(ready[1]);
+  // A query as uid 1 (daemon, on Debian), from a child so the credentials are its own.
+  int served = 0;
+  for (int i = 0; i < 5; ++i) {
+    pid_t q = ::fork();
+    if (q == 0) {
+      if (::setgid(1) != 0 || ::setuid(1) != 0) ::_exit(3);
+      auto j = shm::query_daemon(socket_, {{"cmd", "ping"}}, 3000, nullptr);
+      ::_exit(j && j->value("ok", false) ? 0 : 1);
+    }
+    int status = 0;
+    ::waitpid(q, &status, 0);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) ++served;
+  }
+  ::kill(flooder, SIGKILL);
+  ::waitpid(flooder, nullptr, 0);
+  EXPECT_EQ(served, 5);
+}
+
+// A connection that sends nothing is closed soon, not held for the whole session time.
+TEST_F(HostileDaemon, AnIdleConnectionIsClosedBeforeItsFirstRequest) {
+  start({"--socket", socket_});
+  ASSERT_TRUE(eventually([&] { return pings(socket_); }));
+  int s = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, socket_.c_str(), sizeof a.sun_path - 1);
+  ASSERT_EQ(::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  auto t0 = std::chrono::steady_clock::now();
+  pollfd p{s, POLLIN, 0};
+  // Generous on a loaded machine, yet below the 5 s a session may take in all.
+  ASSERT_EQ(::poll(&p, 1, 4000), 1) << "an idle connection was held for 4 s";
+  char buf[16];
+  EXPECT_EQ(::read(s, buf, sizeof buf), 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 4s);
+  ::close(s);
 }
