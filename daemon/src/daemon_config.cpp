@@ -49,6 +49,8 @@ std::vector<std::string_view> daemon_config_keys() {
           "record_prefix",
           "reap",
           "max_records",
+          "max_records_per_uid",
+          "max_devices",
           "coop_floor_mb"};
 }
 
@@ -140,6 +142,16 @@ DaemonConfigResult parse_daemon_config(std::string_view text, const DaemonConfig
         bad("max_records: a positive number");
       else
         c.max_records = u;
+    } else if (key == "max_records_per_uid") {
+      if (!parse_unsigned(value, &u) || u == 0)
+        bad("max_records_per_uid: a positive number");
+      else
+        c.max_records_per_uid = u;
+    } else if (key == "max_devices") {
+      if (!parse_unsigned(value, &u) || u > 16)
+        bad("max_devices: 0 (the driver's GPU count) .. 16");
+      else
+        c.max_devices = u;
     } else if (key == "coop_floor_mb") {
       if (!parse_unsigned(value, &u) || u > (1u << 30))
         bad("coop_floor_mb: MiB, 0 = off");

@@ -23,6 +23,13 @@ struct DaemonConfig {
   std::string record_prefix = "gpustitch";       // record_prefix (tests only)
   bool reap = true;                              // reap: remove records of exited processes
   unsigned max_records = 4096;                   // max_records: processes tracked at most
+  // max_records_per_uid: processes of one user tracked at most (root: only max_records), so that
+  // one user's records, real or made up, cannot stop the tracking of everyone else.
+  unsigned max_records_per_uid = 128;
+  // max_devices: devices per process with a history. 0 = the GPUs the driver lists
+  // (/proc/driver/nvidia/gpus), or 16 where it lists none. A record may claim 16 devices; the
+  // history (history_capacity() points each) follows what the node really has.
+  unsigned max_devices = 0;
   // Cooperative release: when a GPU's free memory (from the records) falls below this, ask the
   // processes on it with idle cache to release some (docs/coop.md). 0 = off.
   unsigned coop_floor_mb = 0;  // coop_floor_mb

@@ -181,6 +181,7 @@ std::string handle_request(std::string_view line, const Peer& peer, const Proces
         out["last_pass"] = {{"discovered", s.discovered}, {"tracked", s.tracked},
                             {"exited", s.exited},         {"reaped", s.reaped},
                             {"rejected", s.rejected},     {"busy", s.busy},
+                            {"examined", s.examined},     {"over_quota", s.over_quota},
                             {"wall_ns", s.wall_ns},       {"cpu_ns", s.cpu_ns}};
         break;
       }

@@ -405,9 +405,10 @@ class Server {
     PassStats s = table_.sample();
     coop_.after_sample(table_, config_);
     spdlog::debug(
-        "pass: {} records, {} tracked, {} exited, {} reaped, {} rejected, {} busy, "
-        "{:.2f} ms cpu",
-        s.discovered, s.tracked, s.exited, s.reaped, s.rejected, s.busy, double(s.cpu_ns) / 1e6);
+        "pass: {} records, {} tracked, {} exited, {} reaped, {} rejected, {} busy, {} examined, "
+        "{} over quota, {:.2f} ms cpu",
+        s.discovered, s.tracked, s.exited, s.reaped, s.rejected, s.busy, s.examined, s.over_quota,
+        double(s.cpu_ns) / 1e6);
     sample_timer_.expires_after(std::chrono::milliseconds(config_.sample_interval_ms));
     sample_timer_.async_wait([this](boost::system::error_code ec) {
       if (!ec) sample();
