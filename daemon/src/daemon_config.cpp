@@ -55,7 +55,7 @@ std::vector<std::string_view> daemon_config_keys() {
 }
 
 DaemonConfigResult parse_daemon_config(std::string_view text, const DaemonConfig& base) {
-  DaemonConfigResult r{base, {}, {}};
+  DaemonConfigResult r{base, {}, {}, false};
   DaemonConfig& c = r.config;
   int lineno = 0;
   while (!text.empty()) {
@@ -202,7 +202,7 @@ bool read_bounded_file(const std::string& path, std::size_t limit, std::string* 
 DaemonConfigResult load_daemon_config(const std::string& path, const DaemonConfig& base) {
   std::string text, why;
   if (!read_bounded_file(path, kMaxConfigBytes, &text, &why)) {
-    DaemonConfigResult r{base, {}, {}};
+    DaemonConfigResult r{base, {}, {}, false};
     r.errors.push_back(path + ": " + why);
     r.unreadable = true;
     return r;

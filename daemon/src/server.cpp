@@ -197,7 +197,7 @@ class Server {
   // first: at start, where a bad command-line option or a bad `socket` line is fatal (one line,
   // exit 2). On reload a bad `socket` line keeps the current socket.
   bool load_config(bool first) {
-    DaemonConfigResult r{DaemonConfig{}, {}, {}};
+    DaemonConfigResult r{DaemonConfig{}, {}, {}, false};
     if (!options_.config_path.empty()) {
       // Only the default file may be absent; one named with -c must be there and readable.
       std::error_code ec;
@@ -220,18 +220,26 @@ class Server {
       spdlog::error("command line: {}", o.errors.front().substr(o.errors.front().find(": ") + 2));
       return false;
     }
+    // A bad socket or record prefix never falls back to the default: that would take over the
+    // production daemon's socket, or track (and reap) the production records.
     bool bad_socket = r.bad("socket") || o.bad("socket");
+    bool bad_prefix = r.bad("record_prefix") || o.bad("record_prefix");
     r.config = o.config;
     for (auto& e : o.errors) r.errors.push_back("command line: " + e);
-    if (bad_socket && first) {
+    if ((bad_socket || bad_prefix) && first) {
       for (const auto& e : r.errors)
-        if (e.find("socket:") != std::string::npos) spdlog::error("config: {}", e);
+        if (e.find(bad_socket ? "socket:" : "record_prefix:") != std::string::npos) {
+          spdlog::error("config: {}", e);
+          break;
+        }
       return false;
     }
     if (bad_socket) r.config.socket_path = config_.socket_path;
+    if (bad_prefix) r.config.record_prefix = config_.record_prefix;
     apply_log_level(r.config.log_level);
     for (const auto& e : r.errors) spdlog::warn("config: {}", e);
     if (bad_socket) spdlog::warn("config: keeping the socket {}", config_.socket_path);
+    if (bad_prefix) spdlog::warn("config: keeping the record prefix {}", config_.record_prefix);
     config_ = r.config;
     return true;
   }

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <optional>
 #include <sstream>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -280,6 +281,16 @@ TEST_F(HostileDaemon, RefusesLineBreaksInOptions) {
   auto rc = exit_of(0);
   ASSERT_TRUE(rc);
   EXPECT_EQ(*rc, 2);
+}
+
+// Item 14: a bad record prefix does not fall back to the production one (whose records the
+// daemon would then track and reap).
+TEST_F(HostileDaemon, ABadRecordPrefixIsFatalNotAFallback) {
+  start({"--socket", socket_, "--set", "record_prefix=../etc"});
+  auto rc = exit_of(0);
+  ASSERT_TRUE(rc) << "the daemon ran with the default record prefix";
+  EXPECT_EQ(*rc, 2);
+  EXPECT_NE(log(0).find("record_prefix"), std::string::npos) << log(0);
 }
 
 // Item 6: the metrics listener and the daemon's inputs.

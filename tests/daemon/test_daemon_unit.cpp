@@ -514,3 +514,27 @@ TEST_F(TableTest, HistoryIsBoundedByTheNodesDevices) {
   EXPECT_FALSE(parse_daemon_config("max_devices = 17\n").errors.empty());
   EXPECT_EQ(parse_daemon_config("max_records_per_uid = 3\n").config.max_records_per_uid, 3u);
 }
+
+// Hardening issue, item 14: the pass figures count every user's records; a user sees only their
+// own processes' count.
+TEST_F(TableTest, StatusShowsNodeWideFiguresOnlyToThoseWhoSeeAll) {
+  auto w = own_record(5);
+  ProcessTable t(config());
+  t.sample();
+  Peer owner{::geteuid(), ::getegid(), ::getpid(), {}};
+  Peer root{0, 0, 1, {}};
+  Peer stranger{::geteuid() + 12345, 12345, 1, {}};
+  json r = json::parse(handle_request(R"({"cmd":"status"})", root, t, config()));
+  EXPECT_TRUE(r.contains("last_pass"));
+  EXPECT_EQ(r["tracked"], 1);
+  json s = json::parse(handle_request(R"({"cmd":"status"})", stranger, t, config()));
+  EXPECT_TRUE(s["ok"].get<bool>());
+  EXPECT_FALSE(s.contains("last_pass")) << s.dump();
+  EXPECT_EQ(s["tracked"], 0);
+  EXPECT_TRUE(s.contains("passes"));
+  if (::geteuid() != 0) {
+    json o = json::parse(handle_request(R"({"cmd":"status"})", owner, t, config()));
+    EXPECT_FALSE(o.contains("last_pass"));
+    EXPECT_EQ(o["tracked"], 1);
+  }
+}
