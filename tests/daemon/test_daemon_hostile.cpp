@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -528,4 +529,135 @@ TEST_F(HostileDaemon, AnIdleConnectionIsClosedBeforeItsFirstRequest) {
   EXPECT_EQ(::read(s, buf, sizeof buf), 0);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 4s);
   ::close(s);
+}
+
+// Item 7: the CLI against a daemon that answers nonsense, and input that is not UTF-8. Whatever
+// it meets, it ends with a status and a message, never a signal.
+
+namespace {
+
+// A stand-in for gpustitchd on a socket: answers every connection with `answer` (read the
+// request line first), until destroyed.
+class FakeDaemon {
+ public:
+  FakeDaemon(const std::string& path, std::string answer) : answer_(std::move(answer)) {
+    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
+    ::unlink(path.c_str());
+    ok_ = ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(fd_, 16) == 0;
+    thread_ = std::thread([this] {
+      while (true) {
+        pollfd p{fd_, POLLIN, 0};
+        if (::poll(&p, 1, 50) <= 0) {
+          if (stop_) return;
+          continue;
+        }
+        int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+        if (c < 0) continue;
+        char buf[4096];
+        pollfd q{c, POLLIN, 0};
+        if (::poll(&q, 1, 2000) > 0) (void)!::read(c, buf, sizeof buf);
+        std::size_t sent = 0;
+        while (sent < answer_.size()) {
+          ssize_t n = ::send(c, answer_.data() + sent, answer_.size() - sent, MSG_NOSIGNAL);
+          if (n <= 0) break;
+          sent += static_cast<std::size_t>(n);
+        }
+        ::close(c);
+      }
+    });
+  }
+  ~FakeDaemon() {
+    stop_ = true;
+    thread_.join();
+    ::close(fd_);
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  std::string answer_;
+  int fd_ = -1;
+  bool ok_ = false;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// Runs the CLI with its stderr in a file; {status (128 + signal when killed), stdout, stderr}.
+struct CliResult {
+  int rc;
+  std::string out, err;
+};
+CliResult cli(const std::string& dir, std::vector<std::string> args) {
+  args.insert(args.begin(), GPUSTITCH_CLI);
+  std::string err_path = dir + "/cli.err";
+  ::unlink(err_path.c_str());
+  Child c = test::spawn(args, {}, -1, -1, err_path);
+  std::string out;
+  char buf[65536];
+  ssize_t n;
+  while ((n = ::read(c.out, buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(n));
+  ::close(c.out);
+  int status = 0;
+  ::waitpid(c.pid, &status, 0);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out, slurp(err_path)};
+}
+
+}  // namespace
+
+TEST_F(HostileDaemon, CliSurvivesAnswersOfTheWrongShape) {
+  std::string deep(100000, '[');
+  deep += std::string(100000, ']');
+  const std::vector<std::string> answers = {
+      // Every field of the wrong type.
+      R"({"ok":true,"process":{"pid":"x","user":5,"devices":[{"device":"0","hist_allocs":[1,"a",)"
+      R"({}],"hist_live":[{}]},7,"s"],"events":[{"device":"zero","kind":5},3],"sites":[{"frames":)"
+      R"(3},"x"]},"history":[{"time_ns":[1,"b",3],"allocated":[1,2,{}],"reserved":[null,{},[]],)"
+      R"("device":"d"},5]})",
+      R"({"ok":true,"process":{"devices":{"a":1},"events":"e","sites":5},"history":{"x":1}})",
+      R"({"ok":true,"process":[1,2],"processes":{"a":1}})",
+      R"({"ok":true,"processes":[{"pid":-1,"devices":"x","user":5},{"devices":[5,{"device":"q"}]},3]})",
+      R"({"ok":"yes","error":7})",
+      R"({"ok":true})",
+      R"([1,2,3])",
+      R"("just a string")",
+      R"({"ok":true,"process":)" + deep + "}",
+      "{\"ok\":true,\"process\":{\"command\":\"caf\xe9 \xff\xfe\"}}",
+      "not json at all",
+  };
+  const std::vector<std::vector<std::string>> commands = {
+      {"show", "123", "--socket", socket_},
+      {"show", "123", "--json", "--socket", socket_},
+      {"ps", "--socket", socket_},
+      {"ps", "--json", "--socket", socket_},
+      {"top", "-n", "1", "--socket", socket_},
+      {"top", "-n", "1", "--json", "--socket", socket_},
+  };
+  for (std::size_t i = 0; i < answers.size(); ++i) {
+    FakeDaemon fake(socket_, answers[i] + "\n");
+    ASSERT_TRUE(fake.ok());
+    for (const auto& cmd : commands) {
+      CliResult r = cli(dir_, cmd);
+      std::string what = "answer " + std::to_string(i) + ", " + cmd[0] + " " + cmd[1];
+      EXPECT_LT(r.rc, 5) << what << ": status " << r.rc << "\n" << r.err;
+      if (r.rc != 0) {
+        EXPECT_LE(lines(r.err), 1u) << what << ": " << r.err;
+      }
+    }
+  }
+}
+
+TEST_F(HostileDaemon, CliJsonOutputSurvivesInputThatIsNotUtf8) {
+  const std::string bad = dir_ + "/caf\xe9-\xff.csv";
+  for (const auto& cmd : std::vector<std::vector<std::string>>{
+           {"replay", "--json", bad},
+           {"snapshot", "--json", "1", "-o", dir_ + "/out-\xff", "--timeout-ms", "200"},
+       }) {
+    CliResult r = cli(dir_, cmd);
+    EXPECT_LT(r.rc, 5) << cmd[0] << ": status " << r.rc << "\n" << r.err;
+    if (!r.out.empty()) {
+      EXPECT_FALSE(json::parse(r.out, nullptr, false).is_discarded()) << r.out;
+    }
+  }
 }
