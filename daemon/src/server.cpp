@@ -20,6 +20,7 @@
 #include <spdlog/spdlog.h>
 
 #include "coop_relay.h"
+#include "http.h"
 #include "process_table.h"
 #include "prometheus.h"
 #include "request.h"
@@ -543,35 +544,13 @@ HttpSession::~HttpSession() {
 void HttpSession::start() {
   auto self = shared_from_this();
   parser_.emplace();
-  parser_->header_limit(8192);
-  parser_->body_limit(0);
+  limit_http_parser(*parser_);
   stream_.expires_after(kHttpReadTimeout);
   http::async_read(stream_, buffer_, *parser_, [self](beast::error_code ec, std::size_t) {
     if (ec) return;
-    const auto& req = self->parser_->get();
-    auto& res = self->response_;
-    res.version(req.version());
-    res.keep_alive(false);
-    std::string_view target(req.target().data(), req.target().size());
-    bool head = req.method() == http::verb::head;
-    if ((req.method() == http::verb::get || head) &&
-        (target == "/metrics" || target.rfind("/metrics?", 0) == 0)) {
-      res.result(http::status::ok);
-      res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
-      res.body() = format_prometheus(self->server_.table());
-      if (head) {
-        // The length a GET would have, no body.
-        res.content_length(res.body().size());
-        res.body().clear();
-      }
-    } else {
-      res.result(http::status::not_found);
-      res.set(http::field::content_type, "text/plain");
-      res.body() = "gpustitchd: metrics are at /metrics\n";
-    }
-    if (!head || res.result() != http::status::ok) res.prepare_payload();
+    self->response_ = http_respond(self->parser_->get(), self->server_.table());
     self->stream_.expires_after(kHttpWriteTimeout);
-    http::async_write(self->stream_, res, [self](beast::error_code, std::size_t) {
+    http::async_write(self->stream_, self->response_, [self](beast::error_code, std::size_t) {
       beast::error_code ignore;
       self->stream_.socket().shutdown(asio::ip::tcp::socket::shutdown_send, ignore);
     });

@@ -16,6 +16,7 @@
 #include "gpustitch/shm/json.h"
 #include "gpustitch/shm/metrics.h"
 #include "gpustitch/shm/record_writer.h"
+#include "http.h"
 #include "process_table.h"
 #include "prometheus.h"
 #include "request.h"
@@ -537,4 +538,29 @@ TEST_F(TableTest, StatusShowsNodeWideFiguresOnlyToThoseWhoSeeAll) {
     EXPECT_FALSE(o.contains("last_pass"));
     EXPECT_EQ(o["tracked"], 1);
   }
+}
+
+// The metrics endpoint's parser and routing on bytes (what fuzz_http fuzzes).
+TEST_F(TableTest, HttpAnswersMetricsAndRefusesTheRest) {
+  auto w = own_record(77);
+  ProcessTable t(config());
+  t.sample();
+  auto get = http_answer("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", t);
+  ASSERT_TRUE(get);
+  EXPECT_EQ(get->rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << *get;
+  EXPECT_NE(get->find("# HELP gpustitch_allocated_bytes"), std::string::npos);
+  auto head = http_answer("HEAD /metrics HTTP/1.1\r\n\r\n", t);
+  ASSERT_TRUE(head);
+  EXPECT_EQ(head->rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << *head;
+  EXPECT_EQ(head->find("# HELP"), std::string::npos);
+  std::size_t body = get->size() - get->find("\r\n\r\n") - 4;
+  EXPECT_NE(head->find("Content-Length: " + std::to_string(body)), std::string::npos) << *head;
+  auto other = http_answer("GET /other HTTP/1.0\r\n\r\n", t);
+  ASSERT_TRUE(other);
+  EXPECT_NE(other->find(" 404 "), std::string::npos);
+  EXPECT_FALSE(http_answer("POST /metrics HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello", t));
+  EXPECT_FALSE(http_answer("garbage\r\n\r\n", t));
+  EXPECT_FALSE(
+      http_answer("GET /metrics HTTP/1.1\r\nX: " + std::string(10000, 'a') + "\r\n\r\n", t));
+  EXPECT_FALSE(http_answer("GET /metrics HTTP/1.1\r\n", t));  // incomplete
 }

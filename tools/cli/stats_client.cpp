@@ -299,7 +299,11 @@ class TableReader final : public nlohmann::json_sax<json> {
   }
   bool number_unsigned(number_unsigned_t v) override { return number(v, static_cast<double>(v)); }
   bool number_float(number_float_t v, const string_t&) override {
-    return number(v > 0 ? static_cast<std::uint64_t>(v) : 0, v);
+    // 1e30 from a daemon must not be an out-of-range conversion (undefined behaviour).
+    return number(!(v > 0)                      ? 0
+                  : v >= 18446744073709551615.0 ? ~std::uint64_t{0}
+                                                : static_cast<std::uint64_t>(v),
+                  v);
   }
   bool string(string_t& v) override {
     if (depth_ == 1 && key_ == "error") error = std::move(v);
@@ -386,6 +390,18 @@ std::vector<std::vector<std::string>> process_rows(const json& processes, bool h
   return rows;
 }
 
+ListTable parse_list_table(std::string_view text, std::vector<std::vector<std::string>>* rows) {
+  ListTable t;
+  rows->clear();
+  rows->push_back(header_row());
+  TableReader reader(rows);
+  t.parsed = json::sax_parse(text, &reader);
+  t.ok = reader.ok;
+  t.error = reader.error;
+  t.processes = reader.processes;
+  return t;
+}
+
 Fetched fetch_table(const SourceOptions& opts, std::vector<std::vector<std::string>>* rows,
                     std::size_t* processes) {
   Fetched f;
@@ -397,16 +413,15 @@ Fetched fetch_table(const SourceOptions& opts, std::vector<std::vector<std::stri
                                        kDaemonTimeoutMs, &why);
     if (text) {
       f.source = "daemon";
-      rows->push_back(header_row());
-      TableReader reader(rows);
-      if (!json::sax_parse(*text, &reader)) {
+      ListTable t = parse_list_table(*text, rows);
+      if (!t.parsed) {
         f.status = kUnreachable;
         f.error = "gpustitchd not reachable: the daemon sent malformed JSON";
-      } else if (!reader.ok) {
-        f.error = reader.error.empty() ? std::string("error") : reader.error;
+      } else if (!t.ok) {
+        f.error = t.error.empty() ? std::string("error") : t.error;
         f.status = f.error == "not found" ? kNotFound : kProblem;
       }
-      *processes = reader.processes;
+      *processes = t.processes;
       return f;
     }
     if (opts.daemon || !opts.socket.empty()) {

@@ -79,4 +79,13 @@ extern const std::vector<bool> kProcessRowAlign;
 Fetched fetch_table(const SourceOptions& opts, std::vector<std::vector<std::string>>* rows,
                     std::size_t* processes);
 
+// The daemon's summary list answer (text) read straight into table rows, header first. parsed:
+// the text was JSON; ok: the daemon said ok; processes: how many processes the rows show.
+struct ListTable {
+  bool parsed = false, ok = false;
+  std::string error;
+  std::size_t processes = 0;
+};
+ListTable parse_list_table(std::string_view text, std::vector<std::vector<std::string>>* rows);
+
 }  // namespace gpustitch::cli
