@@ -379,7 +379,7 @@ TEST_F(HostileDaemon, MetricsConnectionsAreCapped) {
 TEST_F(HostileDaemon, NoBusyLoopWhenOutOfDescriptors) {
   int port = free_port();
   // Hard and soft limit low enough that a handful of connections exhausts them.
-  std::string cmd = "ulimit -n 20 && exec \"$0\" \"$@\"";
+  std::string cmd = "ulimit -n 24 && exec \"$0\" \"$@\"";
   std::vector<std::string> argv{"/bin/sh",
                                 "-c",
                                 cmd,
