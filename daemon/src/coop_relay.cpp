@@ -13,6 +13,7 @@ using nlohmann::json;
 namespace {
 constexpr std::uint64_t kFloorRoundNs = 1'000'000'000;  // one floor round per GPU per second
 constexpr double kRelaysPerSecond = 4.0;                // per asking uid (burst the same)
+constexpr std::size_t kMaxFloorChecks = 8;              // membership checks per GPU per round
 
 bool has_uuid(const shm::DeviceCounters& d, const Uuid& uuid) {
   return std::memcmp(d.uuid, uuid.data(), uuid.size()) == 0;
@@ -51,51 +52,41 @@ std::vector<CoopTarget> plan_release(const std::map<pid_t, TrackedProcess>& proc
 }
 
 std::vector<std::pair<Uuid, std::uint64_t>> gpus_below_floor(
-    const std::map<pid_t, TrackedProcess>& processes, std::uint64_t floor) {
-  struct Seen {
+    const std::map<pid_t, TrackedProcess>& processes, std::uint64_t floor,
+    const std::function<bool(pid_t, const Uuid&)>& trusted) {
+  struct Report {
     std::uint64_t heartbeat = 0, free = 0;
+    pid_t pid = 0;
   };
-  std::map<Uuid, Seen> gpus;
+  std::map<Uuid, std::vector<Report>> gpus;
   for (const auto& [pid, p] : processes) {
     if (!p.have_snapshot) continue;
     for (const auto& d : p.snapshot.devices) {
       if (zero_uuid(d) || d.device_total == 0) continue;
       Uuid u;
       std::memcpy(u.data(), d.uuid, u.size());
-      Seen& s = gpus[u];
-      if (p.snapshot.heartbeat_ns >= s.heartbeat) s = {p.snapshot.heartbeat_ns, d.device_free};
+      gpus[u].push_back({p.snapshot.heartbeat_ns, d.device_free, pid});
     }
   }
   std::vector<std::pair<Uuid, std::uint64_t>> out;
-  for (const auto& [u, s] : gpus)
-    if (s.free < floor) out.emplace_back(u, floor - s.free);
+  for (auto& [u, reports] : gpus) {
+    // The freshest report from a process really on that GPU: a made-up record can neither
+    // trigger releases (low free) nor hide a real shortage (high free, fresher heartbeat).
+    std::sort(reports.begin(), reports.end(),
+              [](const Report& a, const Report& b) { return a.heartbeat > b.heartbeat; });
+    std::size_t checked = 0;
+    for (const Report& r : reports) {
+      if (trusted && (checked++ >= kMaxFloorChecks || !trusted(r.pid, u))) continue;
+      if (r.free < floor) out.emplace_back(u, floor - r.free);
+      break;
+    }
+  }
   return out;
 }
 
-std::optional<Uuid> parse_uuid(std::string_view text) {
-  if (text.rfind("GPU-", 0) == 0) text.remove_prefix(4);
-  Uuid u{};
-  std::size_t n = 0;
-  int half = -1;
-  for (char c : text) {
-    if (c == '-') continue;
-    int v = c >= '0' && c <= '9'   ? c - '0'
-            : c >= 'a' && c <= 'f' ? c - 'a' + 10
-            : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                   : -1;
-    if (v < 0 || n >= u.size()) return std::nullopt;
-    if (half < 0) {
-      half = v;
-    } else {
-      u[n++] = static_cast<std::uint8_t>(half * 16 + v);
-      half = -1;
-    }
-  }
-  if (n != u.size() || half >= 0) return std::nullopt;
-  return u;
-}
-
-CoopRelay::CoopRelay() : socket_(coop::Socket::ephemeral()) {}
+CoopRelay::CoopRelay(std::unique_ptr<GpuMembership> membership)
+    : socket_(coop::Socket::ephemeral()),
+      membership_(membership ? std::move(membership) : std::make_unique<DriverMembership>()) {}
 
 int CoopRelay::send(const std::vector<CoopTarget>& targets, const Uuid& uuid, pid_t origin) {
   if (!socket_) return 0;
@@ -127,7 +118,10 @@ void CoopRelay::after_sample(const ProcessTable& table, const DaemonConfig& conf
   if (config.coop_floor_mb == 0) return;
   const std::uint64_t floor = std::uint64_t{config.coop_floor_mb} << 20;
   const std::uint64_t now = coop::monotonic_ns();
-  for (const auto& [uuid, missing] : gpus_below_floor(table.processes(), floor)) {
+  auto trusted = [this](pid_t pid, const Uuid& uuid) {
+    return membership_->on_gpu(pid, uuid).value_or(false);
+  };
+  for (const auto& [uuid, missing] : gpus_below_floor(table.processes(), floor, trusted)) {
     auto it = last_floor_ns_.find(uuid);
     if (it != last_floor_ns_.end() && now - it->second < kFloorRoundNs) continue;
     last_floor_ns_[uuid] = now;
@@ -165,6 +159,21 @@ std::optional<std::string> CoopRelay::handle(std::string_view line, const Peer& 
     for (const auto& d : asker->snapshot.devices) on_gpu = on_gpu || has_uuid(d, *uuid);
   }
   if (!on_gpu) return fail("not found");
+  // The record says so, but the asker wrote its record: ask the driver (gpu_membership.h).
+  std::optional<bool> really = membership_->on_gpu(peer.pid, *uuid);
+  if (!really) {
+    ++unverified_;
+    return fail("cannot verify that the asker is on that GPU");
+  }
+  if (!*really) {
+    ++refused_;
+    if (refused_ == 1 || refused_ % 100 == 0)
+      spdlog::warn(
+          "coop relay: pid {} (uid {}) claims a GPU the driver does not show it on ({} "
+          "refused so far)",
+          peer.pid, peer.uid, refused_);
+    return fail("not found");
+  }
   auto bucket = relay_buckets_.try_emplace(peer.uid, kRelaysPerSecond, kRelaysPerSecond).first;
   if (!bucket->second.take(coop::monotonic_ns())) return fail("rate limited");
   auto targets = plan_release(table.processes(), *uuid, bytes, peer.uid, peer.pid);

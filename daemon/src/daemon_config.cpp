@@ -1,10 +1,13 @@
 #include "daemon_config.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
-#include <fstream>
-#include <sstream>
+#include <cstring>
 
 namespace gpustitch::daemon {
 namespace {
@@ -46,11 +49,13 @@ std::vector<std::string_view> daemon_config_keys() {
           "record_prefix",
           "reap",
           "max_records",
+          "max_records_per_uid",
+          "max_devices",
           "coop_floor_mb"};
 }
 
 DaemonConfigResult parse_daemon_config(std::string_view text, const DaemonConfig& base) {
-  DaemonConfigResult r{base, {}};
+  DaemonConfigResult r{base, {}, {}, false};
   DaemonConfig& c = r.config;
   int lineno = 0;
   while (!text.empty()) {
@@ -63,20 +68,24 @@ DaemonConfigResult parse_daemon_config(std::string_view text, const DaemonConfig
     line = trim(line);
     if (line.empty()) continue;
     std::size_t eq = line.find('=');
+    std::string_view key =
+        eq == std::string_view::npos ? std::string_view{} : trim(line.substr(0, eq));
     auto bad = [&](const std::string& why) {
       r.errors.push_back("line " + std::to_string(lineno) + ": " + why);
+      r.bad_keys.emplace_back(key);
     };
     if (eq == std::string_view::npos) {
       bad("expected key = value");
       continue;
     }
-    std::string_view key = trim(line.substr(0, eq));
     std::string_view value = trim(line.substr(eq + 1));
     std::string k(key);
     unsigned u = 0;
     if (key == "socket") {
       if (value.empty() || value.front() != '/')
         bad("socket: needs an absolute path");
+      else if (value.size() >= 108)  // sizeof(sockaddr_un::sun_path), NUL included
+        bad("socket: path longer than 107 bytes");
       else
         c.socket_path = std::string(value);
     } else if (key == "socket_mode") {
@@ -133,6 +142,16 @@ DaemonConfigResult parse_daemon_config(std::string_view text, const DaemonConfig
         bad("max_records: a positive number");
       else
         c.max_records = u;
+    } else if (key == "max_records_per_uid") {
+      if (!parse_unsigned(value, &u) || u == 0)
+        bad("max_records_per_uid: a positive number");
+      else
+        c.max_records_per_uid = u;
+    } else if (key == "max_devices") {
+      if (!parse_unsigned(value, &u) || u > 16)
+        bad("max_devices: 0 (the driver's GPU count) .. 16");
+      else
+        c.max_devices = u;
     } else if (key == "coop_floor_mb") {
       if (!parse_unsigned(value, &u) || u > (1u << 30))
         bad("coop_floor_mb: MiB, 0 = off");
@@ -145,16 +164,50 @@ DaemonConfigResult parse_daemon_config(std::string_view text, const DaemonConfig
   return r;
 }
 
+bool read_bounded_file(const std::string& path, std::size_t limit, std::string* out,
+                       std::string* why) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) {
+    *why = std::strerror(errno);
+    return false;
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    *why = S_ISDIR(st.st_mode) ? "is a directory" : "not a regular file";
+    ::close(fd);
+    return false;
+  }
+  out->clear();
+  char buf[65536];
+  while (true) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      *why = std::strerror(errno);
+      ::close(fd);
+      return false;
+    }
+    if (n == 0) break;
+    if (out->size() + static_cast<std::size_t>(n) > limit) {
+      *why = "larger than " + std::to_string(limit) + " bytes";
+      ::close(fd);
+      return false;
+    }
+    out->append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return true;
+}
+
 DaemonConfigResult load_daemon_config(const std::string& path, const DaemonConfig& base) {
-  std::ifstream in(path);
-  if (!in) {
-    DaemonConfigResult r{base, {}};
-    r.errors.push_back(path + ": cannot read, using defaults");
+  std::string text, why;
+  if (!read_bounded_file(path, kMaxConfigBytes, &text, &why)) {
+    DaemonConfigResult r{base, {}, {}, false};
+    r.errors.push_back(path + ": " + why);
+    r.unreadable = true;
     return r;
   }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_daemon_config(ss.str(), base);
+  return parse_daemon_config(text, base);
 }
 
 }  // namespace gpustitch::daemon

@@ -23,6 +23,13 @@ struct DaemonConfig {
   std::string record_prefix = "gpustitch";       // record_prefix (tests only)
   bool reap = true;                              // reap: remove records of exited processes
   unsigned max_records = 4096;                   // max_records: processes tracked at most
+  // max_records_per_uid: processes of one user tracked at most (root: only max_records), so that
+  // one user's records, real or made up, cannot stop the tracking of everyone else.
+  unsigned max_records_per_uid = 128;
+  // max_devices: devices per process with a history. 0 = the GPUs the driver lists
+  // (/proc/driver/nvidia/gpus), or 16 where it lists none. A record may claim 16 devices; the
+  // history (history_capacity() points each) follows what the node really has.
+  unsigned max_devices = 0;
   // Cooperative release: when a GPU's free memory (from the records) falls below this, ask the
   // processes on it with idle cache to release some (docs/coop.md). 0 = off.
   unsigned coop_floor_mb = 0;  // coop_floor_mb
@@ -37,11 +44,29 @@ struct DaemonConfig {
 struct DaemonConfigResult {
   DaemonConfig config;
   std::vector<std::string> errors;
+  // Keys whose line was rejected (the value of `base` was kept). The server treats a bad `socket`
+  // line as fatal at start and as "keep the current socket" on reload: falling back to the default
+  // path would take over whatever listens there.
+  std::vector<std::string> bad_keys;
+  bool unreadable = false;  // the file could not be read (errors.front() says why)
+  bool bad(std::string_view key) const {
+    for (const auto& k : bad_keys)
+      if (k == key) return true;
+    return false;
+  }
 };
 
 DaemonConfigResult parse_daemon_config(std::string_view text, const DaemonConfig& base = {});
-// Reads and parses a file; a missing file gives the defaults and one error line.
+// Reads and parses a file. A file that cannot be read (missing, not a regular file, larger than
+// kMaxConfigBytes) gives base, unreadable and one error line.
 DaemonConfigResult load_daemon_config(const std::string& path, const DaemonConfig& base = {});
+
+inline constexpr std::size_t kMaxConfigBytes = 1 << 20;
+
+// Reads at most limit bytes of a regular file. Never blocks on a FIFO or a device, never grows
+// without bound (`-c /dev/zero`). On failure returns false and says why.
+bool read_bounded_file(const std::string& path, std::size_t limit, std::string* out,
+                       std::string* why);
 
 std::vector<std::string_view> daemon_config_keys();
 

@@ -17,7 +17,8 @@ int main(int argc, char** argv) {
   unsigned port = 0;
   bool port_set = false;
   std::string log_level;
-  app.add_option("-c,--config", config_path, "Configuration file (key = value lines)");
+  auto* config_opt =
+      app.add_option("-c,--config", config_path, "Configuration file (key = value lines)");
   app.add_option("--socket", socket_path, "Query socket path (overrides the file's `socket`)");
   app.add_option("--prometheus-port", port, "Serve Prometheus metrics on this port (0 = off)")
       ->each([&](const std::string&) { port_set = true; });
@@ -38,8 +39,21 @@ int main(int argc, char** argv) {
     ::setrlimit(RLIMIT_NOFILE, &lim);
   }
 
+  // The options become key = value lines: a value with a line break would smuggle in other keys.
+  for (const auto* v : {&socket_path, &log_level, &config_path})
+    if (v->find_first_of("\r\n") != std::string::npos) {
+      spdlog::error("command line: a value contains a line break");
+      return 2;
+    }
+  for (const auto& s : sets)
+    if (s.find_first_of("\r\n") != std::string::npos) {
+      spdlog::error("command line: --set {}: contains a line break", s.substr(0, s.find('\n')));
+      return 2;
+    }
+
   gpustitch::daemon::ServerOptions options;
   options.config_path = config_path;
+  options.config_required = config_opt->count() > 0 && !config_path.empty();
   for (const auto& s : sets) options.override_text += s + "\n";
   if (!socket_path.empty()) options.override_text += "socket = " + socket_path + "\n";
   if (port_set) options.override_text += "prometheus_port = " + std::to_string(port) + "\n";

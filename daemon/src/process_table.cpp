@@ -1,5 +1,6 @@
 #include "process_table.h"
 
+#include <dirent.h>
 #include <poll.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -30,6 +31,12 @@ std::uint64_t cpu_now_ns() {
   ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return std::uint64_t(ts.tv_sec) * 1000000000ull + std::uint64_t(ts.tv_nsec);
 }
+// How long a "its process is not there" verdict on a name that could not be removed holds. The
+// name's pid and start time cannot come back to life, but a pid namespace or a clock step could
+// fool the judgement, so it is looked at again now and then (50,000 such names: a few hundred ms
+// each time, not every pass).
+constexpr std::uint64_t kRecheckNs = 60'000'000'000ull;
+
 std::uint64_t mono_now_ns() {
   timespec ts;
   ::clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -79,12 +86,29 @@ std::vector<HistoryPoint> History::points(std::uint64_t since_ns) const {
   return out;
 }
 
-ProcessTable::ProcessTable(DaemonConfig config) : config_(std::move(config)) {}
+// GPUs the NVIDIA driver lists (one directory per GPU), 0 where there is no driver.
+std::size_t driver_gpu_count() {
+  std::size_t n = 0;
+  if (DIR* dir = ::opendir("/proc/driver/nvidia/gpus")) {
+    while (dirent* e = ::readdir(dir))
+      if (e->d_name[0] != '.') ++n;
+    ::closedir(dir);
+  }
+  return n;
+}
+
+ProcessTable::ProcessTable(DaemonConfig config) : config_(std::move(config)) {
+  reconfigure(config_);
+}
 
 void ProcessTable::reconfigure(const DaemonConfig& config) {
   bool capacity_changed = config.history_capacity() != config_.history_capacity();
   bool prefix_changed = config.record_prefix != config_.record_prefix;
   config_ = config;
+  std::size_t gpus = config_.max_devices ? config_.max_devices : driver_gpu_count();
+  device_limit_ = std::clamp<std::size_t>(gpus ? gpus : shm::kMaxDevices, 1, shm::kMaxDevices);
+  quota_logged_.clear();
+  max_logged_ = false;
   if (prefix_changed) {
     processes_.clear();
     rejected_.clear();
@@ -114,18 +138,50 @@ void ProcessTable::reap(const shm::RecordName& name, ino_t inode, PassStats* sta
   }
 }
 
+bool ProcessTable::within_quota(uid_t uid) {
+  if (processes_.size() >= config_.max_records) {
+    if (!max_logged_)
+      spdlog::warn("tracking {} processes, max_records: not tracking new ones until some exit",
+                   processes_.size());
+    max_logged_ = true;
+    return false;
+  }
+  max_logged_ = false;
+  auto it = tracked_by_uid_.find(uid);
+  if (uid != 0 && it != tracked_by_uid_.end() && it->second >= config_.max_records_per_uid) {
+    if (quota_logged_.insert(uid).second)
+      spdlog::warn(
+          "uid {} ({}) has {} processes tracked, max_records_per_uid: not tracking its new ones "
+          "until some exit",
+          uid, shm::user_name(uid), it->second);
+    return false;
+  }
+  quota_logged_.erase(uid);
+  return true;
+}
+
 void ProcessTable::add(const shm::RecordName& name, PassStats* stats) {
+  // Limits first, from the uid in the name: a name that claims another user's uid fails
+  // validation below anyway, and only validated records count towards a quota.
+  if (!within_quota(name.uid)) {
+    ++stats->over_quota;
+    return;
+  }
+  ++stats->examined;
   // Open the pidfd first: if the start time matches afterwards, the pidfd is that process's.
   UniqueFd pidfd(open_pidfd(name.pid));
   if (!shm::record_process_alive(name)) {
     ++stats->exited;
     struct stat st;
-    if (::lstat(name.path().c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == name.uid)
-      reap(name, st.st_ino, stats);
-    return;
-  }
-  if (processes_.size() >= config_.max_records) {
-    ++stats->rejected;
+    bool found = ::lstat(name.path().c_str(), &st) == 0;
+    if (found && S_ISREG(st.st_mode) && st.st_uid == name.uid) reap(name, st.st_ino, stats);
+    // Still there (not its owner's, or reap off): remember the verdict for this object, so that
+    // it costs no /proc lookups every pass.
+    if (found && ::lstat(name.path().c_str(), &st) == 0) {
+      Rejected& r = rejected_[name.object_name()];
+      r = Rejected{st.st_ino, shm::ReadError::none, true,       false,
+                   true,      shm::realtime_ns(),   passes_ + 1};
+    }
     return;
   }
   shm::ReadError err;
@@ -142,6 +198,8 @@ void ProcessTable::add(const shm::RecordName& name, PassStats* stats) {
     bool transient = err == shm::ReadError::bad_magic ||
                      (err == shm::ReadError::bad_size && found && st.st_size == 0);
     Rejected& r = rejected_[name.object_name()];
+    r.dead = false;
+    r.seen_pass = passes_ + 1;
     bool same = r.inode == ino && r.error == err;
     r.transient = transient;
     if (!transient ? !same : (same && !r.logged)) {
@@ -161,6 +219,7 @@ void ProcessTable::add(const shm::RecordName& name, PassStats* stats) {
   p.first_seen_ns = shm::realtime_ns();
   auto [it, inserted] = processes_.insert_or_assign(name.pid, std::move(p));
   (void)inserted;
+  ++tracked_by_uid_[name.uid];
   ++stats->added;
   spdlog::info("tracking pid {} ({}, {})", name.pid, it->second.user,
                it->second.reader.identity().exe);
@@ -186,9 +245,16 @@ void ProcessTable::sample_one(TrackedProcess& p, std::uint64_t now, PassStats* s
       p.event_head = p.snapshot.events_head;
     }
   }
-  if (p.history.size() < p.snapshot.devices.size())
-    p.history.resize(p.snapshot.devices.size(), History(config_.history_capacity()));
-  for (std::size_t d = 0; d < p.snapshot.devices.size(); ++d) {
+  // History for the devices the node has, whatever the record claims: it is the daemon's largest
+  // memory (history_capacity() points per device), and a record can claim 16 devices.
+  std::size_t devices = std::min(p.snapshot.devices.size(), device_limit_);
+  if (devices < p.snapshot.devices.size() && !p.devices_logged) {
+    p.devices_logged = true;
+    spdlog::warn("pid {} claims {} devices; history kept for the first {} (max_devices)",
+                 p.name().pid, p.snapshot.devices.size(), devices);
+  }
+  if (p.history.size() < devices) p.history.resize(devices, History(config_.history_capacity()));
+  for (std::size_t d = 0; d < devices; ++d) {
     const auto& c = p.snapshot.devices[d];
     p.history[d].push({now, c.bytes_allocated, c.bytes_reserved, c.largest_free_block});
   }
@@ -219,34 +285,47 @@ PassStats ProcessTable::sample() {
   std::uint64_t now = shm::realtime_ns();
   std::vector<shm::RecordName> names = shm::discover_records(config_.record_prefix);
   stats.discovered = names.size();
+  const std::uint64_t pass = passes_ + 1;
+  tracked_by_uid_.clear();
+  for (const auto& [pid, p] : processes_) ++tracked_by_uid_[p.name().uid];
   std::set<pid_t> seen;
   for (const auto& name : names) {
     seen.insert(name.pid);
     auto it = processes_.find(name.pid);
-    if (it == processes_.end()) {
-      // A record already rejected, unchanged since (same inode): do not re-validate every pass.
-      if (auto r = rejected_.find(name.object_name()); r != rejected_.end() && name.inode != 0 &&
-                                                       r->second.inode == name.inode &&
-                                                       !r->second.transient) {
-        ++stats.rejected;
-        continue;
+    const bool tracked_name = it != processes_.end() &&
+                              it->second.name().start_time == name.start_time &&
+                              it->second.name().uid == name.uid;
+    if (!tracked_name && !rejected_.empty()) {
+      // A name already judged, unchanged since (same inode): not examined again every pass.
+      if (auto r = rejected_.find(name.object_name()); r != rejected_.end()) {
+        r->second.seen_pass = pass;
+        if (name.inode != 0 && r->second.inode == name.inode && !r->second.transient &&
+            (!r->second.dead || now - r->second.judged_ns < kRecheckNs)) {
+          ++stats.rejected;
+          continue;
+        }
       }
+    }
+    if (it == processes_.end()) {
       add(name, &stats);
       continue;
     }
     const auto& cur = it->second.name();
-    if (cur.start_time != name.start_time || cur.uid != name.uid) {
+    if (!tracked_name) {
       // Another record for the same pid: either the pid was reused (the tracked process is gone)
       // or a stale/forged name. The liveness checks below and add() sort it out.
       if (!shm::record_process_alive(cur)) {
         processes_.erase(it);
         ++stats.exited;
         add(name, &stats);
-      } else if (!shm::record_process_alive(name)) {
+      } else if (++stats.examined, !shm::record_process_alive(name)) {
         ++stats.exited;
         struct stat st;
         if (::lstat(name.path().c_str(), &st) == 0 && st.st_uid == name.uid)
           reap(name, st.st_ino, &stats);
+        if (::lstat(name.path().c_str(), &st) == 0)
+          rejected_[name.object_name()] = Rejected{st.st_ino, shm::ReadError::none, true, false,
+                                                   true,      shm::realtime_ns(),   pass};
       }
       continue;
     }
@@ -272,12 +351,8 @@ PassStats ProcessTable::sample() {
     sample_one(p, now, &stats);
     ++it;
   }
-  // Forget rejections of names that are gone.
-  if (!rejected_.empty()) {
-    std::set<std::string> present;
-    for (const auto& name : names) present.insert(name.object_name());
-    std::erase_if(rejected_, [&](const auto& kv) { return !present.count(kv.first); });
-  }
+  // Forget the verdicts on names that are gone (not listed this pass).
+  std::erase_if(rejected_, [&](const auto& kv) { return kv.second.seen_pass != pass; });
   stats.tracked = processes_.size();
   stats.cpu_ns = cpu_now_ns() - cpu0;
   stats.wall_ns = mono_now_ns() - wall0;

@@ -80,7 +80,8 @@ struct TrackedProcess {
   std::string user;
   std::uint64_t first_seen_ns = 0;
   std::uint64_t last_sample_ns = 0;
-  unsigned busy_passes = 0;  // consecutive passes without a consistent snapshot
+  unsigned busy_passes = 0;     // consecutive passes without a consistent snapshot
+  bool devices_logged = false;  // "claims more devices than the node has" was logged
 
   const shm::RecordName& name() const { return reader.name(); }
 };
@@ -93,6 +94,11 @@ struct PassStats {
   std::size_t reaped = 0;
   std::size_t rejected = 0;
   std::size_t busy = 0;
+  // Names validated or checked against /proc this pass (the costly part). A name already judged
+  // (same inode) is not examined again, so stray files cost a directory entry each, not a
+  // validation each pass.
+  std::size_t examined = 0;
+  std::size_t over_quota = 0;  // not tracked: their user's max_records_per_uid, or max_records
   std::uint64_t wall_ns = 0;
   std::uint64_t cpu_ns = 0;
 };
@@ -119,6 +125,20 @@ class ProcessTable {
   void sample_one(TrackedProcess& p, std::uint64_t now, PassStats* stats);
   // Pids of tracked processes that exited (one poll() over every pidfd).
   std::set<pid_t> exited_processes();
+  // Whether a record of uid may be tracked now (max_records, max_records_per_uid); logs once when
+  // a limit starts to bite.
+  bool within_quota(uid_t uid);
+  void forget(std::map<pid_t, TrackedProcess>::iterator it);
+
+ public:
+  // Devices per process that get a history (max_devices, or the driver's GPU count).
+  std::size_t device_limit() const { return device_limit_; }
+
+ private:
+  std::size_t device_limit_ = 16;
+  std::map<uid_t, std::size_t> tracked_by_uid_;
+  std::set<uid_t> quota_logged_;
+  bool max_logged_ = false;
 
   DaemonConfig config_;
   std::map<pid_t, TrackedProcess> processes_;
@@ -129,6 +149,11 @@ class ProcessTable {
     shm::ReadError error = shm::ReadError::none;
     bool logged = false;
     bool transient = false;  // caught while its writer creates it: look again next pass
+    // Its process is not (or no longer) the one the name says, and the name could not be removed
+    // (not its owner's file, or reap off): looked at again only after kRecheckNs.
+    bool dead = false;
+    std::uint64_t judged_ns = 0;
+    std::uint64_t seen_pass = 0;  // the last pass that listed it (the others are forgotten)
   };
   std::map<std::string, Rejected> rejected_;
   PassStats last_pass_;

@@ -7,18 +7,57 @@
 
 namespace gpustitch::daemon {
 
+namespace {
+// Length of the well-formed UTF-8 sequence at the start of s (RFC 3629: no overlong forms, no
+// surrogates, nothing above U+10FFFF), or 0 when it is not one.
+std::size_t utf8_sequence(std::string_view s) {
+  auto b = [&](std::size_t i) { return static_cast<unsigned char>(s[i]); };
+  unsigned char c = b(0);
+  if (c < 0x80) return 1;
+  std::size_t n;
+  unsigned char lo = 0x80, hi = 0xBF;  // bounds of the second byte
+  if (c >= 0xC2 && c <= 0xDF) {
+    n = 2;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    n = 3;
+    if (c == 0xE0) lo = 0xA0;  // overlong
+    if (c == 0xED) hi = 0x9F;  // surrogates
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    n = 4;
+    if (c == 0xF0) lo = 0x90;  // overlong
+    if (c == 0xF4) hi = 0x8F;  // above U+10FFFF
+  } else {
+    return 0;
+  }
+  if (s.size() < n || b(1) < lo || b(1) > hi) return 0;
+  for (std::size_t i = 2; i < n; ++i)
+    if (b(i) < 0x80 || b(i) > 0xBF) return 0;
+  return n;
+}
+}  // namespace
+
 std::string escape_label(std::string_view value) {
   std::string out;
   out.reserve(value.size());
-  for (char c : value) {
-    if (c == '\\')
+  while (!value.empty()) {
+    char c = value.front();
+    if (c == '\\') {
       out += "\\\\";
-    else if (c == '"')
+    } else if (c == '"') {
       out += "\\\"";
-    else if (c == '\n')
+    } else if (c == '\n') {
       out += "\\n";
-    else
-      out += c;
+    } else if (std::size_t n = utf8_sequence(value); n > 0) {
+      out.append(value.data(), n);
+      value.remove_prefix(n);
+      continue;
+    } else {
+      // The exposition format is UTF-8 and Prometheus rejects a whole scrape over one bad label
+      // (a command line in Latin-1 is enough): each byte that is not part of a well-formed
+      // sequence becomes U+FFFD, as a UTF-8 decoder would show it.
+      out += "\xEF\xBF\xBD";
+    }
+    value.remove_prefix(1);
   }
   return out;
 }
@@ -33,7 +72,13 @@ std::string format_prometheus(const ProcessTable& table) {
   for (const auto& [pid, p] : table.processes()) {
     if (!p.have_snapshot) continue;
     ++processes;
-    std::string command = p.reader.identity().cmdline.substr(0, 128);
+    std::string command = p.reader.identity().cmdline;
+    if (command.size() > 128) {
+      // Cut at a character boundary, not inside a multi-byte sequence.
+      std::size_t n = 128;
+      while (n > 0 && (static_cast<unsigned char>(command[n]) & 0xC0) == 0x80) --n;
+      command.resize(n);
+    }
     for (const auto& d : p.snapshot.devices) {
       series.push_back(
           {fmt::format("pid=\"{}\",device=\"{}\",uuid=\"{}\",user=\"{}\",command=\"{}\"", pid,

@@ -11,7 +11,8 @@ namespace gpustitch::daemon {
 
 std::string format_prometheus(const ProcessTable& table);
 
-// Escapes a label value (backslash, double quote, newline).
+// A label value as the exposition format needs it: backslash, double quote and newline escaped,
+// every byte that is not part of well-formed UTF-8 replaced by U+FFFD.
 std::string escape_label(std::string_view value);
 
 }  // namespace gpustitch::daemon

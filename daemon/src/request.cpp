@@ -178,9 +178,12 @@ std::string handle_request(std::string_view line, const Peer& peer, const Proces
         for (const auto& [pid, p] : table.processes()) n += visible(p) ? 1 : 0;
         out["tracked"] = n;
         out["passes"] = table.passes();
+        // The pass figures count every user's records: only for those who may see them all.
+        if (!all) break;
         out["last_pass"] = {{"discovered", s.discovered}, {"tracked", s.tracked},
                             {"exited", s.exited},         {"reaped", s.reaped},
                             {"rejected", s.rejected},     {"busy", s.busy},
+                            {"examined", s.examined},     {"over_quota", s.over_quota},
                             {"wall_ns", s.wall_ns},       {"cpu_ns", s.cpu_ns}};
         break;
       }

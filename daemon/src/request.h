@@ -6,7 +6,9 @@
 //                                                    "history":[{"device","time_ns":[..],
 //                                                    "allocated":[..],"reserved":[..],
 //                                                    "largest_free":[..]}]}
-//   {"cmd":"status"}                             -> {"ok":true,"tracked":..,"last_pass":{..}}
+//   {"cmd":"status"}                             -> {"ok":true,"tracked":..,"passes":..,
+//                                                    "last_pass":{..}} (last_pass, node-wide
+//                                                    figures, only for root and admin_group)
 // Errors: {"ok":false,"error":"..."} (a process the caller may not see is "not found", exactly
 // as one that does not exist, so the answer reveals nothing about other users).
 //

@@ -12,8 +12,9 @@
 namespace gpustitch::daemon {
 
 struct ServerOptions {
-  std::string config_path;    // re-read on SIGHUP; "" = none
-  std::string override_text;  // key=value lines from the command line, applied after the file
+  std::string config_path;       // re-read on SIGHUP; "" = none
+  bool config_required = false;  // named on the command line: missing or unreadable is fatal
+  std::string override_text;     // key=value lines from the command line, applied after the file
 };
 
 // Runs until SIGTERM/SIGINT. Returns the process exit status.

@@ -105,6 +105,7 @@ inline std::pair<int, std::string> run(const std::vector<std::string>& argv, int
   return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
 }
 
+#ifdef PRELOAD  // tests that run no producers are built without the preload paths
 // The environment that runs preload_producer under libgpustitch.so on two simulated devices of
 // 1 GiB, publishing every publish_ms into records named prefix.*.
 inline std::vector<std::string> producer_env(const std::string& prefix, unsigned publish_ms = 20) {
@@ -130,6 +131,8 @@ inline Child start_producer(const std::string& prefix, const std::vector<std::st
   }
   return c;
 }
+
+#endif
 
 // SIGKILLs, reaps and forgets a child.
 inline void kill_child(Child& c) {

@@ -9,11 +9,14 @@
 #include <set>
 
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include "daemon_config.h"
 #include "gpustitch/shm/json.h"
 #include "gpustitch/shm/metrics.h"
 #include "gpustitch/shm/record_writer.h"
+#include "http.h"
 #include "process_table.h"
 #include "prometheus.h"
 #include "request.h"
@@ -292,4 +295,272 @@ TEST_F(TableTest, PrometheusExportsEveryMetricWithHelpTypeAndLabels) {
 
 TEST(Prometheus, LabelValuesAreEscaped) {
   EXPECT_EQ(escape_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+}
+
+// Prometheus rejects a whole scrape whose text is not UTF-8, so one process with a Latin-1
+// argument would break the node's metrics (hardening issue, item 3).
+TEST(Prometheus, LabelValuesAreAlwaysUtf8) {
+  const std::string fffd = "\xEF\xBF\xBD";
+  EXPECT_EQ(escape_label("caf\xE9"), "caf" + fffd);  // Latin-1
+  EXPECT_EQ(escape_label("caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80"),
+            "caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80");
+  EXPECT_EQ(escape_label("\xC0\xAF"), fffd + fffd);                        // overlong '/'
+  EXPECT_EQ(escape_label("\xED\xA0\x80"), fffd + fffd + fffd);             // a surrogate
+  EXPECT_EQ(escape_label("\xF4\x90\x80\x80"), fffd + fffd + fffd + fffd);  // above U+10FFFF
+  EXPECT_EQ(escape_label("\xE2\x82"), fffd + fffd);                        // truncated
+  EXPECT_EQ(escape_label("\xE2\x82\""), fffd + fffd + "\\\"");  // a sequence cut by a quote
+  EXPECT_EQ(escape_label("\xFF\\"), fffd + "\\\\");
+  for (int b = 0; b < 256; ++b) {
+    std::string v = escape_label(std::string(1, static_cast<char>(b)) + "x");
+    EXPECT_NO_THROW((void)json(v).dump()) << b;  // json's dump() throws on invalid UTF-8
+  }
+}
+
+TEST_F(TableTest, PrometheusTextIsUtf8WhateverACommandLineHolds) {
+  std::string why;
+  std::string argv = "train.py --name=caf\xE9 --tag=\xFF\xFE";
+  while (argv.size() < 127) argv += "x";
+  argv += "\xC3\xA9\xC3\xA9";  // a two-byte character across the 128-byte cut
+  auto w = shm::RecordWriter::create(shm::RecordWriter::self_name(g_.prefix), "/bin/own", argv, 100,
+                                     &why);
+  ASSERT_TRUE(w) << why;
+  shm::DeviceCounters d{};
+  d.bytes_allocated = 1;
+  w->publish({&d, 1}, shm::realtime_ns());
+  ProcessTable t(config());
+  t.sample();
+  ASSERT_TRUE(t.find(::getpid()));
+  std::string text = format_prometheus(t);
+  EXPECT_NO_THROW((void)json(text).dump());
+  EXPECT_NE(text.find("--name=caf\xEF\xBF\xBD --tag=\xEF\xBF\xBD\xEF\xBF\xBD"), std::string::npos);
+  EXPECT_EQ(text.find("x\xC3\"}"), std::string::npos);  // no half character at the cut
+}
+
+// Item 5 of the hardening issue: no user can inflate the daemon's work or starve others' tracking.
+
+namespace {
+
+// Collects what the daemon logs while it lives.
+class LogCapture {
+ public:
+  LogCapture() : previous_(spdlog::default_logger()) {
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out_);
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink));
+  }
+  ~LogCapture() { spdlog::set_default_logger(previous_); }
+  std::string text() const { return out_.str(); }
+
+ private:
+  std::ostringstream out_;
+  std::shared_ptr<spdlog::logger> previous_;
+};
+
+// A child of uid/gid (-1: ours) that publishes a record under prefix and waits; its pid once the
+// record exists.
+pid_t record_child(const std::string& prefix, int uid = -1, int gid = -1) {
+  int pipefd[2];
+  if (::pipe(pipefd) != 0) return -1;
+  pid_t child = ::fork();
+  if (child == 0) {
+    if (gid >= 0 && ::setgid(gid) != 0) ::_exit(3);
+    if (uid >= 0 && ::setuid(uid) != 0) ::_exit(3);
+    std::string why;
+    auto w =
+        shm::RecordWriter::create(shm::RecordWriter::self_name(prefix), "/bin/c", "c", 1, &why);
+    shm::DeviceCounters d{};
+    if (w) w->publish({&d, 1}, shm::realtime_ns());
+    char c = w ? 'y' : 'n';
+    (void)!::write(pipefd[1], &c, 1);
+    ::pause();
+    ::_exit(0);
+  }
+  char c = 0;
+  bool ok = ::read(pipefd[0], &c, 1) == 1 && c == 'y';
+  ::close(pipefd[0]);
+  ::close(pipefd[1]);
+  if (!ok) {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, nullptr, 0);
+    return -1;
+  }
+  return child;
+}
+
+void end_children(const std::vector<pid_t>& pids) {
+  for (pid_t p : pids) {
+    ::kill(p, SIGKILL);
+    ::waitpid(p, nullptr, 0);
+  }
+}
+
+}  // namespace
+
+// Stray names (here: claiming a uid that does not own the file, so they cannot be removed) are
+// judged once, not re-examined against /proc on every pass.
+TEST_F(TableTest, StrayNamesAreJudgedOnceNotEveryPass) {
+  const int n = 300;
+  for (int i = 0; i < n; ++i) {
+    shm::RecordName stray{g_.prefix, ::geteuid() + 4242, 0x3ffffff0 - i, 12345};
+    int fd = ::open(stray.path().c_str(), O_CREAT | O_WRONLY | O_EXCL, 0600);
+    ASSERT_GE(fd, 0);
+    ::close(fd);
+  }
+  auto w = own_record(9);
+  ProcessTable t(config());
+  auto first = t.sample();
+  EXPECT_EQ(first.examined, std::size_t(n) + 1);
+  EXPECT_TRUE(t.find(::getpid()));
+  for (int pass = 0; pass < 3; ++pass) {
+    auto s = t.sample();
+    EXPECT_EQ(s.discovered, std::size_t(n) + 1);
+    EXPECT_EQ(s.examined, 0u) << "pass " << pass;
+    EXPECT_EQ(s.rejected, std::size_t(n));
+  }
+  EXPECT_EQ(t.find(::getpid())->snapshot.devices[0].bytes_allocated, 9u);  // still sampled
+  // A name replaced by a new object (new inode) is judged again.
+  shm::RecordName again{g_.prefix, ::geteuid() + 4242, 0x3ffffff0, 12345};
+  ASSERT_EQ(::unlink(again.path().c_str()), 0);
+  int fd = ::open(again.path().c_str(), O_CREAT | O_WRONLY | O_EXCL, 0600);
+  ASSERT_GE(fd, 0);
+  int keep = ::open(shm::RecordName{g_.prefix, 1, 1, 1}.path().c_str(), O_CREAT | O_WRONLY, 0600);
+  ::close(fd);
+  EXPECT_EQ(t.sample().examined, 2u);  // the new object, and a name never seen
+  ::close(keep);
+}
+
+TEST_F(TableTest, OneUserCannotFillMaxRecords) {
+  LogCapture log;
+  DaemonConfig c = config();
+  c.max_records = 4;
+  c.max_records_per_uid = 2;
+  // Root's processes count only towards max_records: as root, play the user with nobody.
+  const bool root = ::geteuid() == 0;
+  const int uid = root ? 65534 : -1;
+  std::vector<pid_t> kids;
+  for (int i = 0; i < 3; ++i) {
+    pid_t k = record_child(g_.prefix, uid, uid);
+    ASSERT_GT(k, 0);
+    kids.push_back(k);
+  }
+  ProcessTable t(c);
+  auto s = t.sample();
+  EXPECT_EQ(t.processes().size(), 2u);
+  EXPECT_EQ(s.over_quota, 1u);
+  EXPECT_NE(log.text().find("max_records_per_uid"), std::string::npos) << log.text();
+  // Logged once, not every pass.
+  t.sample();
+  std::string text = log.text();
+  EXPECT_EQ(text.find("max_records_per_uid"), text.rfind("max_records_per_uid")) << text;
+  if (root) {
+    // Another user's process is still tracked.
+    pid_t other = record_child(g_.prefix, 1, 1);
+    ASSERT_GT(other, 0);
+    t.sample();
+    EXPECT_TRUE(t.find(other));
+    EXPECT_EQ(t.processes().size(), 3u);
+    end_children({other});
+    t.sample();
+  }
+  // One of the user's tracked processes exits: the waiting one is tracked in its place.
+  pid_t gone = t.processes().begin()->first;
+  end_children({gone});
+  std::erase(kids, gone);
+  t.sample();
+  t.sample();
+  EXPECT_EQ(t.processes().size(), 2u);
+  EXPECT_FALSE(t.find(gone));
+  for (pid_t k : kids) EXPECT_TRUE(t.find(k));
+  end_children(kids);
+}
+
+TEST_F(TableTest, MaxRecordsBitingIsLogged) {
+  LogCapture log;
+  DaemonConfig c = config();
+  c.max_records = 1;
+  std::vector<pid_t> kids{record_child(g_.prefix), record_child(g_.prefix)};
+  ASSERT_GT(kids[0], 0);
+  ASSERT_GT(kids[1], 0);
+  ProcessTable t(c);
+  auto s = t.sample();
+  EXPECT_EQ(t.processes().size(), 1u);
+  EXPECT_EQ(s.over_quota, 1u);
+  EXPECT_NE(log.text().find("max_records"), std::string::npos) << log.text();
+  end_children(kids);
+}
+
+// A record may claim 16 devices; history (the daemon's largest memory) follows the node's devices.
+TEST_F(TableTest, HistoryIsBoundedByTheNodesDevices) {
+  LogCapture log;
+  std::string why;
+  auto w = shm::RecordWriter::create(shm::RecordWriter::self_name(g_.prefix), "/bin/own", "own",
+                                     100, &why);
+  ASSERT_TRUE(w) << why;
+  std::vector<shm::DeviceCounters> devs(shm::kMaxDevices);
+  for (std::size_t i = 0; i < devs.size(); ++i) devs[i].bytes_allocated = i + 1;
+  w->publish({devs.data(), devs.size()}, shm::realtime_ns());
+  DaemonConfig c = config();
+  c.max_devices = 2;
+  ProcessTable t(c);
+  EXPECT_EQ(t.device_limit(), 2u);
+  t.sample();
+  t.sample();
+  const TrackedProcess* p = t.find(::getpid());
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->snapshot.devices.size(), std::size_t(shm::kMaxDevices));  // the counters stay
+  EXPECT_EQ(p->history.size(), 2u);
+  EXPECT_EQ(p->history[1].points().back().allocated, 2u);
+  EXPECT_NE(log.text().find("claims 16 devices"), std::string::npos) << log.text();
+  // Without a driver to ask, at most what a record can hold.
+  EXPECT_LE(ProcessTable(config()).device_limit(), std::size_t(shm::kMaxDevices));
+  EXPECT_FALSE(parse_daemon_config("max_devices = 17\n").errors.empty());
+  EXPECT_EQ(parse_daemon_config("max_records_per_uid = 3\n").config.max_records_per_uid, 3u);
+}
+
+// Hardening issue, item 14: the pass figures count every user's records; a user sees only their
+// own processes' count.
+TEST_F(TableTest, StatusShowsNodeWideFiguresOnlyToThoseWhoSeeAll) {
+  auto w = own_record(5);
+  ProcessTable t(config());
+  t.sample();
+  Peer owner{::geteuid(), ::getegid(), ::getpid(), {}};
+  Peer root{0, 0, 1, {}};
+  Peer stranger{::geteuid() + 12345, 12345, 1, {}};
+  json r = json::parse(handle_request(R"({"cmd":"status"})", root, t, config()));
+  EXPECT_TRUE(r.contains("last_pass"));
+  EXPECT_EQ(r["tracked"], 1);
+  json s = json::parse(handle_request(R"({"cmd":"status"})", stranger, t, config()));
+  EXPECT_TRUE(s["ok"].get<bool>());
+  EXPECT_FALSE(s.contains("last_pass")) << s.dump();
+  EXPECT_EQ(s["tracked"], 0);
+  EXPECT_TRUE(s.contains("passes"));
+  if (::geteuid() != 0) {
+    json o = json::parse(handle_request(R"({"cmd":"status"})", owner, t, config()));
+    EXPECT_FALSE(o.contains("last_pass"));
+    EXPECT_EQ(o["tracked"], 1);
+  }
+}
+
+// The metrics endpoint's parser and routing on bytes (what fuzz_http fuzzes).
+TEST_F(TableTest, HttpAnswersMetricsAndRefusesTheRest) {
+  auto w = own_record(77);
+  ProcessTable t(config());
+  t.sample();
+  auto get = http_answer("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", t);
+  ASSERT_TRUE(get);
+  EXPECT_EQ(get->rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << *get;
+  EXPECT_NE(get->find("# HELP gpustitch_allocated_bytes"), std::string::npos);
+  auto head = http_answer("HEAD /metrics HTTP/1.1\r\n\r\n", t);
+  ASSERT_TRUE(head);
+  EXPECT_EQ(head->rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << *head;
+  EXPECT_EQ(head->find("# HELP"), std::string::npos);
+  std::size_t body = get->size() - get->find("\r\n\r\n") - 4;
+  EXPECT_NE(head->find("Content-Length: " + std::to_string(body)), std::string::npos) << *head;
+  auto other = http_answer("GET /other HTTP/1.0\r\n\r\n", t);
+  ASSERT_TRUE(other);
+  EXPECT_NE(other->find(" 404 "), std::string::npos);
+  EXPECT_FALSE(http_answer("POST /metrics HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello", t));
+  EXPECT_FALSE(http_answer("garbage\r\n\r\n", t));
+  EXPECT_FALSE(
+      http_answer("GET /metrics HTTP/1.1\r\nX: " + std::string(10000, 'a') + "\r\n\r\n", t));
+  EXPECT_FALSE(http_answer("GET /metrics HTTP/1.1\r\n", t));  // incomplete
 }

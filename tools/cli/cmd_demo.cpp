@@ -85,7 +85,7 @@ int run_demo(const DemoOptions& opt, const GlobalOptions& global) {
                                                  {"allocations", r.allocations},
                                                  {"seconds", r.seconds}};
     }
-    std::cout << j.dump(2) << "\n";
+    std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return kOk;
   }
   std::printf("gpustitch demo: transformer steps with sequence length jumping 256..8192\n");

@@ -177,7 +177,7 @@ int run_replay(const ReplayArgs& a, const GlobalOptions& g) {
       if (a.min_capacity) j["policies"].back()["min_capacity_bytes"] = min_caps[i];
       for (const auto& [name, value] : r.counters) j["policies"].back()[name] = value;
     }
-    std::cout << j.dump(2) << "\n";
+    std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     std::printf("trace %s: %zu events, device capacity %s\n", path.c_str(), tr.events.size(),
                 gib(env.capacity).c_str());

@@ -157,7 +157,7 @@ int run(const RunOptions& o, const GlobalOptions& global) {
       j["environment"] = nlohmann::json::object();
       for (const auto& [k, v] : set) j["environment"][k] = v;
       j["command"] = o.command;
-      std::cout << j.dump(2) << "\n";
+      std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     } else {
       for (const auto& [k, v] : set) std::cout << k << "=" << v << "\n";
       for (const auto& a : o.command) std::cout << a << (&a == &o.command.back() ? "\n" : " ");

@@ -35,9 +35,10 @@ std::string bucket_label(int i) {
 
 // A chart of reserved (light) and allocated (dark) bytes over time, `rows` lines tall.
 std::string history_chart(const json& h, int width, int rows = 6) {
-  const auto& t = h["time_ns"];
-  const auto& alloc = h["allocated"];
-  const auto& res = h["reserved"];
+  const auto& t = member(h, "time_ns");
+  const auto& alloc = member(h, "allocated");
+  const auto& res = member(h, "reserved");
+  if (!t.is_array() || !alloc.is_array() || !res.is_array()) return "";
   std::size_t n = std::min({t.size(), alloc.size(), res.size()});
   if (n < 2) return "";
   width = std::max(8, width);
@@ -50,8 +51,8 @@ std::string history_chart(const json& h, int width, int rows = 6) {
     std::size_t hi =
         std::max(lo + 1, static_cast<std::size_t>(col + 1) * n / static_cast<std::size_t>(width));
     for (std::size_t i = lo; i < hi && i < n; ++i) {
-      a[col] = std::max(a[col], alloc[i].get<std::uint64_t>());
-      r[col] = std::max(r[col], res[i].get<std::uint64_t>());
+      a[col] = std::max(a[col], as_u64(alloc[i]));
+      r[col] = std::max(r[col], as_u64(res[i]));
       have[col] = true;
     }
   }
@@ -70,23 +71,24 @@ std::string history_chart(const json& h, int width, int rows = 6) {
     }
     out += line + "\n";
   }
-  double span = double(t[n - 1].get<std::uint64_t>() - t[0].get<std::uint64_t>()) / 1e9;
+  std::uint64_t t0 = as_u64(t[0]), t1 = as_u64(t[n - 1]);
+  double span = double(t1 - std::min(t0, t1)) / 1e9;
   char foot[160];
   std::snprintf(foot, sizeof foot,
                 "%10s+%s\n%10s %s ... %s (%.0f s; \u2588 allocated, \u2591 reserved)\n", "",
-                std::string(width, '-').c_str(), "", clock_time(t[0].get<std::uint64_t>()).c_str(),
-                clock_time(t[n - 1].get<std::uint64_t>()).c_str(), span);
+                std::string(width, '-').c_str(), "", clock_time(t0).c_str(), clock_time(t1).c_str(),
+                span);
   return out + foot;
 }
 
 void print_process(const json& answer, const std::string& source, int chart_width) {
-  const json& p = answer["process"];
+  const json& p = member(answer, "process");
   std::cout << "pid " << u64(p, "pid") << "  user " << str(p, "user") << "  exe " << str(p, "exe")
             << "\ncommand " << str(p, "command") << "\n";
   std::uint64_t hb = u64(p, "heartbeat_ns");
   std::cout << "last published " << (hb ? clock_time(hb) : std::string("never")) << " (every "
             << u64(p, "publish_interval_ms") << " ms), source " << source << "\n";
-  for (const auto& d : p.value("devices", json::array())) {
+  for (const auto& d : items(p, "devices")) {
     std::string uuid = str(d, "uuid");
     std::cout << "\ndevice " << u64(d, "device") << (uuid.empty() ? "" : " (" + uuid + ")") << "\n";
     auto line = [](std::vector<std::pair<std::string, std::string>> kv) {
@@ -128,28 +130,28 @@ void print_process(const json& answer, const std::string& source, int chart_widt
             {"requests", std::to_string(u64(d, "coop_requests"))},
             {"dropped", std::to_string(u64(d, "coop_dropped"))}});
     }
-    const auto& ha = d.value("hist_allocs", json::array());
-    const auto& hl = d.value("hist_live", json::array());
+    const auto& ha = items(d, "hist_allocs");
+    const auto& hl = items(d, "hist_live");
     std::uint64_t most = 0;
     for (const auto& v : ha)
       most = std::max(most, v.is_number_unsigned() ? v.get<std::uint64_t>() : 0);
     if (most) {
       std::cout << "  allocation sizes (since start | live now):\n";
       for (std::size_t i = 0; i < ha.size() && i < hl.size(); ++i) {
-        std::uint64_t n = ha[i].get<std::uint64_t>();
+        std::uint64_t n = as_u64(ha[i]);
         if (!n) continue;
         int bar = static_cast<int>(std::ceil(30.0 * double(n) / double(most)));
         char buf[64];
         std::snprintf(buf, sizeof buf, "    %-12s %10llu | %-8llu ", bucket_label(int(i)).c_str(),
                       static_cast<unsigned long long>(n),
-                      static_cast<unsigned long long>(hl[i].get<std::uint64_t>()));
+                      static_cast<unsigned long long>(as_u64(hl[i])));
         std::string b;
         for (int k = 0; k < bar; ++k) b += "\u2587";
         std::cout << buf << b << "\n";
       }
     }
   }
-  const auto& events = p.value("events", json::array());
+  const auto& events = items(p, "events");
   std::cout << "\nrecent events";
   if (u64(p, "events_dropped")) std::cout << " (" << u64(p, "events_dropped") << " dropped)";
   std::cout << (events.empty() ? ": none\n" : ":\n");
@@ -158,7 +160,8 @@ void print_process(const json& answer, const std::string& source, int chart_widt
     const auto& e = events[i];
     std::string kind = str(e, "kind");
     std::cout << "  " << clock_time(u64(e, "time_ns")) << "  " << kind << "  dev "
-              << e.value("device", -1);
+              << (member(e, "device").is_number_integer() ? member(e, "device").get<long long>()
+                                                          : -1);
     if (kind == "oom")
       std::cout << "  requested " << human_bytes(u64(e, "size")) << ", largest possible "
                 << human_bytes(u64(e, "largest_possible")) << ", device free "
@@ -180,18 +183,18 @@ void print_process(const json& answer, const std::string& source, int chart_widt
       std::cout << "  " << human_bytes(u64(e, "size")) << " peer " << u64(e, "peer_pid");
     std::cout << "\n";
   }
-  const auto& sites = p.value("sites", json::array());
+  const auto& sites = items(p, "sites");
   if (!sites.empty()) {
     std::cout << "\ntop allocation sites:\n";
     for (const auto& s : sites) {
       std::cout << "  " << human_bytes(u64(s, "live_bytes")) << " in " << u64(s, "count")
                 << " allocations\n";
-      for (const auto& f : s.value("frames", json::array()))
+      for (const auto& f : items(s, "frames"))
         std::cout << "      " << str(f, "function") << " (" << str(f, "library") << "+0x"
                   << std::hex << u64(f, "offset") << std::dec << ")\n";
     }
   }
-  const auto& history = answer.value("history", json::array());
+  const auto& history = items(answer, "history");
   bool any = false;
   for (const auto& h : history) {
     std::string chart = history_chart(h, chart_width);
@@ -227,7 +230,7 @@ Registrar reg{
         if (global.json) {
           print_json({{"source", f.source},
                       {"process", f.answer["process"]},
-                      {"history", f.answer.value("history", json::array())}});
+                      {"history", items(f.answer, "history")}});
         } else {
           print_process(f.answer, f.source, opts->chart_width);
         }

@@ -33,7 +33,7 @@ int run_snapshot(const SnapshotArgs& a, const GlobalOptions& g) {
     j["ok"] = ok;
     if (!ok) j["error"] = why;
     if (g.json) {
-      std::cout << j.dump(2) << "\n";
+      std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     } else if (ok) {
       std::cout << "wrote " << out << " (open it at https://pytorch.org/memory_viz)\n";
     } else {

@@ -51,7 +51,7 @@ class RawTerminal {
 
 std::uint64_t device_sort_key(const nlohmann::json& p, const std::string& key) {
   std::uint64_t v = 0;
-  for (const auto& d : p.value("devices", nlohmann::json::array())) {
+  for (const auto& d : items(p, "devices")) {
     if (key == "allocated")
       v += u64(d, "bytes_allocated");
     else if (key == "ooms")
@@ -78,7 +78,7 @@ std::string render(const Fetched& f, const TopOptions& o) {
   };
   std::map<std::uint64_t, Totals> per_device;
   for (const auto& p : list)
-    for (const auto& d : p.value("devices", nlohmann::json::array())) {
+    for (const auto& d : items(p, "devices")) {
       auto& t = per_device[u64(d, "device")];
       t.allocated += u64(d, "bytes_allocated");
       t.reserved += u64(d, "bytes_reserved");

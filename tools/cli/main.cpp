@@ -33,8 +33,19 @@ int main(int argc, char** argv) {
     int rc = app.exit(e);
     return rc == 0 ? kOk : kUsage;
   }
+  // Whatever a command meets (a daemon's answer of the wrong shape, input that is not UTF-8, no
+  // memory), the CLI ends with one line and a status, never with a signal.
   for (auto& [sub, run] : runners) {
-    if (sub->parsed()) return run();
+    if (!sub->parsed()) continue;
+    try {
+      return run();
+    } catch (const std::exception& e) {
+      std::cerr << "gpustitch " << sub->get_name() << ": " << e.what() << "\n";
+      return kProblem;
+    } catch (...) {
+      std::cerr << "gpustitch " << sub->get_name() << ": unexpected error\n";
+      return kProblem;
+    }
   }
   return kUsage;
 }

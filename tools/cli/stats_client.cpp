@@ -45,7 +45,9 @@ constexpr int kDaemonTimeoutMs = 2000;
 bool ask_daemon(const SourceOptions& opts, const json& request, Fetched* out) {
   if (opts.direct) return false;
   std::string why;
-  auto answer = shm::query_daemon(socket_path(opts), request, kDaemonTimeoutMs, &why);
+  auto text = shm::query_daemon_text(socket_path(opts), request, kDaemonTimeoutMs, &why);
+  std::optional<json> answer;
+  if (text) answer = parse_daemon_answer(*text, &why);
   if (!answer) {
     if (opts.daemon || !opts.socket.empty()) {
       out->status = kUnreachable;
@@ -55,8 +57,9 @@ bool ask_daemon(const SourceOptions& opts, const json& request, Fetched* out) {
     return false;
   }
   out->source = "daemon";
-  if (!answer->value("ok", false)) {
-    out->error = answer->value("error", std::string("error"));
+  if (member(*answer, "ok") != true) {
+    const json& e = member(*answer, "error");
+    out->error = e.is_string() ? e.get<std::string>() : std::string("error");
     out->status = out->error == "not found" ? kNotFound : kProblem;
     return true;
   }
@@ -126,6 +129,64 @@ std::string percent(double ratio) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f%%", ratio * 100.0);
   return buf;
+}
+
+std::optional<json> parse_daemon_answer(std::string_view text, std::string* why) {
+  auto fail = [&](const char* what) -> std::optional<json> {
+    if (why) *why = what;
+    return std::nullopt;
+  };
+  // Depth first, without building anything: brackets outside strings.
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxAnswerDepth) return fail("the daemon sent JSON nested too deep");
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  json answer = json::parse(text.begin(), text.end(), nullptr, false);
+  if (answer.is_discarded() || !answer.is_object()) return fail("the daemon sent malformed JSON");
+  auto wrong = [&](const char* key, json::value_t type) {
+    auto it = answer.find(key);
+    return it != answer.end() && it->type() != type;
+  };
+  if (wrong("process", json::value_t::object) || wrong("processes", json::value_t::array) ||
+      wrong("history", json::value_t::array))
+    return fail("the daemon sent an answer of the wrong shape");
+  return answer;
+}
+
+const json& member(const json& j, const char* key) {
+  static const json null;
+  if (!j.is_object()) return null;
+  auto it = j.find(key);
+  return it == j.end() ? null : *it;
+}
+
+const json& items(const json& j, const char* key) {
+  static const json empty = json::array();
+  const json& m = member(j, key);
+  return m.is_array() ? m : empty;
+}
+
+std::uint64_t as_u64(const json& v) {
+  if (v.is_number_unsigned()) return v.get<std::uint64_t>();
+  if (v.is_number_integer())
+    return static_cast<std::uint64_t>(std::max<std::int64_t>(0, v.get<std::int64_t>()));
+  return 0;
 }
 
 std::uint64_t u64(const json& j, const char* key) {
@@ -238,7 +299,11 @@ class TableReader final : public nlohmann::json_sax<json> {
   }
   bool number_unsigned(number_unsigned_t v) override { return number(v, static_cast<double>(v)); }
   bool number_float(number_float_t v, const string_t&) override {
-    return number(v > 0 ? static_cast<std::uint64_t>(v) : 0, v);
+    // 1e30 from a daemon must not be an out-of-range conversion (undefined behaviour).
+    return number(!(v > 0)                      ? 0
+                  : v >= 18446744073709551615.0 ? ~std::uint64_t{0}
+                                                : static_cast<std::uint64_t>(v),
+                  v);
   }
   bool string(string_t& v) override {
     if (depth_ == 1 && key_ == "error") error = std::move(v);
@@ -316,13 +381,25 @@ std::vector<std::vector<std::string>> process_rows(const json& processes, bool h
     line.user = str(p, "user");
     line.command = str(p, "command");
     line.exe = str(p, "exe");
-    for (const auto& d : p.value("devices", json::array()))
+    for (const auto& d : items(p, "devices"))
       line.devices.push_back({u64(d, "device"), u64(d, "bytes_allocated"), u64(d, "bytes_reserved"),
                               u64(d, "largest_free_block"), u64(d, "stitches"), u64(d, "ooms"),
                               f64(d, "fragmentation")});
     append_rows(line, &rows);
   }
   return rows;
+}
+
+ListTable parse_list_table(std::string_view text, std::vector<std::vector<std::string>>* rows) {
+  ListTable t;
+  rows->clear();
+  rows->push_back(header_row());
+  TableReader reader(rows);
+  t.parsed = json::sax_parse(text, &reader);
+  t.ok = reader.ok;
+  t.error = reader.error;
+  t.processes = reader.processes;
+  return t;
 }
 
 Fetched fetch_table(const SourceOptions& opts, std::vector<std::vector<std::string>>* rows,
@@ -336,16 +413,15 @@ Fetched fetch_table(const SourceOptions& opts, std::vector<std::vector<std::stri
                                        kDaemonTimeoutMs, &why);
     if (text) {
       f.source = "daemon";
-      rows->push_back(header_row());
-      TableReader reader(rows);
-      if (!json::sax_parse(*text, &reader)) {
+      ListTable t = parse_list_table(*text, rows);
+      if (!t.parsed) {
         f.status = kUnreachable;
         f.error = "gpustitchd not reachable: the daemon sent malformed JSON";
-      } else if (!reader.ok) {
-        f.error = reader.error.empty() ? std::string("error") : reader.error;
+      } else if (!t.ok) {
+        f.error = t.error.empty() ? std::string("error") : t.error;
         f.status = f.error == "not found" ? kNotFound : kProblem;
       }
-      *processes = reader.processes;
+      *processes = t.processes;
       return f;
     }
     if (opts.daemon || !opts.socket.empty()) {

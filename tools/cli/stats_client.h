@@ -41,7 +41,21 @@ Fetched fetch_show(const SourceOptions& opts, long pid, unsigned history_seconds
 // 1536 -> "1.5 KiB", 0 -> "0 B".
 std::string human_bytes(std::uint64_t bytes);
 std::string percent(double ratio);  // 0.4 -> "40.0%"
-// Numbers out of JSON, tolerant to missing fields.
+// The daemon's answer line as JSON: an object nested at most kMaxAnswerDepth deep (printing a
+// deeper one would recurse off the stack), with "process", "processes" and "history", where
+// present, of the types the commands read. nullopt (and why) otherwise.
+inline constexpr int kMaxAnswerDepth = 32;
+std::optional<nlohmann::json> parse_daemon_answer(std::string_view text, std::string* why);
+
+// j[key] when j is an object that has it, else null: never the undefined behaviour of a const
+// operator[] on a missing key.
+const nlohmann::json& member(const nlohmann::json& j, const char* key);
+// j[key] when it is an array, else an empty array.
+const nlohmann::json& items(const nlohmann::json& j, const char* key);
+// A number as unsigned, 0 for anything else.
+std::uint64_t as_u64(const nlohmann::json& v);
+
+// Numbers out of JSON, tolerant to missing fields and wrong types.
 std::uint64_t u64(const nlohmann::json& j, const char* key);
 double f64(const nlohmann::json& j, const char* key);
 std::string str(const nlohmann::json& j, const char* key);
@@ -64,5 +78,14 @@ extern const std::vector<bool> kProcessRowAlign;
 // *processes: how many processes the rows show.
 Fetched fetch_table(const SourceOptions& opts, std::vector<std::vector<std::string>>* rows,
                     std::size_t* processes);
+
+// The daemon's summary list answer (text) read straight into table rows, header first. parsed:
+// the text was JSON; ok: the daemon said ok; processes: how many processes the rows show.
+struct ListTable {
+  bool parsed = false, ok = false;
+  std::string error;
+  std::size_t processes = 0;
+};
+ListTable parse_list_table(std::string_view text, std::vector<std::vector<std::string>>* rows);
 
 }  // namespace gpustitch::cli
