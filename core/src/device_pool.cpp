@@ -595,6 +595,17 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
       if (cached()) return Status::ok;
     }
   }
+  // Before fresh memory is taken for a cudaMalloc, memory waiting for its fence that could
+  // cover it is waited for, once it is more than 1/64 of the pool: on the H200, GPT training with
+  // PyTorch's cache off held 0.5-1.5 GiB more at its peak when it grew instead (18.6 GiB with
+  // every miss fenced, 19.1-19.8 GiB without). Idle memory elsewhere is moved first (no fresh
+  // memory, no wait); a stream-ordered allocation never waits.
+  if (stream == kAnyStream && fq_head_ != nullptr && stats_.bytes_pending >= rounded / 2 &&
+      stats_.bytes_pending * 64 >= stats_.bytes_reserved) {
+    if (grow_heap(rounded, out, outcome, /*fresh=*/false)) return Status::ok;
+    fence_locked();
+    if (cached()) return Status::ok;
+  }
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (grow_heap(rounded, out, outcome)) return Status::ok;
     // No memory to back it: memory still waiting for its fence is the cheapest to get back.
@@ -610,9 +621,10 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
   return Status::out_of_memory;
 }
 
-bool DevicePool::grow_heap(std::size_t rounded, Block** out, Outcome* outcome) noexcept {
+bool DevicePool::grow_heap(std::size_t rounded, Block** out, Outcome* outcome,
+                           bool fresh) noexcept {
   LargeHeap::Growth g;
-  const Status s = heap_.grow(rounded, fresh_allowance(), out, &g);
+  const Status s = heap_.grow(rounded, fresh ? fresh_allowance() : 0, out, &g);
   sync_physical();  // a failed grow may still have moved handles (they stay spares)
   note_free_changed();
   if (s != Status::ok) return false;

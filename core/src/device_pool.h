@@ -80,7 +80,8 @@ class DevicePool final : private ChunkSource {
   // A chunk for the small-object pool, from chunks_ (lock held).
   Status allocate_chunk(std::size_t size, Block** out, Outcome* outcome) noexcept;
   // The heap's miss path, with its bookkeeping: moved handles count as a stitch.
-  bool grow_heap(std::size_t rounded, Block** out, Outcome* outcome) noexcept;
+  // fresh false: only spare and moved handles, no fresh memory.
+  bool grow_heap(std::size_t rounded, Block** out, Outcome* outcome, bool fresh = true) noexcept;
   std::size_t fresh_allowance() const noexcept;  // bytes the cap still allows
   void sync_physical() noexcept;                 // stats_ from the heap's figures
   void mark_allocated(Block* b, std::size_t requested, Stream stream) noexcept;

@@ -103,9 +103,9 @@ TEST(Pool, UnfencedFreeIsNotReusedWhileTheDeviceIsBusy) {
   Config c;  // background reclaimer on
   Pool pool(*dev.backend, c);
   DevPtr a = 0, b = 0, s1 = 0, s2 = 0, resident = 0;
-  // A resident 1 GiB keeps the pending share small, so the pool takes fresh memory instead of
-  // waiting (see PendingShareMakesTheAllocationWaitInsteadOfGrowing for the other case).
-  ASSERT_EQ(pool.allocate(0, 1 * GiB, kAnyStream, &resident), Status::ok);
+  // A resident 4 GiB keeps the pending share small (under 1/64), so the pool takes fresh memory
+  // instead of waiting (see PendingShareMakesTheAllocationWaitInsteadOfGrowing for the other case).
+  ASSERT_EQ(pool.allocate(0, 4 * GiB, kAnyStream, &resident), Status::ok);
   dev.sim->hold_device(true);  // kernels still running: fences cannot complete
   ASSERT_EQ(pool.allocate(0, 32 * MiB, kAnyStream, &a), Status::ok);
   ASSERT_EQ(pool.deallocate(a), Status::ok);
@@ -141,6 +141,32 @@ TEST(Pool, PendingShareMakesTheAllocationWaitInsteadOfGrowing) {
   EXPECT_TRUE(released.load()) << "reused before the device finished";
   EXPECT_EQ(a, b);
   EXPECT_EQ(pool.stats(0).fresh, 1u);
+  device.join();
+}
+
+// Pending memory that could cover a cudaMalloc is waited for before fresh memory is taken once it
+// is more than 1/64 of the pool, well below the 1/8 of the rule above: 64 MiB pending beside a
+// live 512 MiB block.
+TEST(Pool, PendingAboveA64thIsFencedBeforeFreshMemory) {
+  TestDevice dev = make_test_device();
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
+  Pool pool(*dev.backend, Config{});
+  DevPtr resident = 0, a = 0, b = 0;
+  ASSERT_EQ(pool.allocate(0, 512 * MiB, kAnyStream, &resident), Status::ok);
+  ASSERT_EQ(pool.allocate(0, 64 * MiB, kAnyStream, &a), Status::ok);
+  dev.sim->hold_device(true);
+  ASSERT_EQ(pool.deallocate(a), Status::ok);
+  std::atomic<bool> released{false};
+  std::thread device([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    released = true;
+    dev.sim->hold_device(false);
+  });
+  const std::uint64_t fresh_before = pool.stats(0).fresh;
+  ASSERT_EQ(pool.allocate(0, 64 * MiB, kAnyStream, &b), Status::ok);
+  EXPECT_TRUE(released.load()) << "reused before the device finished";
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(pool.stats(0).fresh, fresh_before) << "fresh memory while 64 MiB waited for a fence";
   device.join();
 }
 

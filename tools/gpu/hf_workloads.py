@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""HuggingFace transformers workloads for the pool's memory figures, on a GPU machine.
+
+A Llama-style model built from a config (no weights are downloaded: 8 layers, d_model 768,
+12 heads with 4 key/value heads (GQA), vocab 32000), in one of two modes:
+
+  train     AdamW training, bf16 autocast, batch --batch, sequence length drawn per step from
+            --min-len..--max-len (the seeds' dynamic-length case);
+  generate  serving: --requests calls of model.generate() with a random batch (1..8), prompt
+            length (16..512) and number of new tokens (16..256), so the KV cache grows and
+            shrinks from request to request.
+
+It prints one JSON line: tokens/s (timed after --warmup steps or requests), peak allocated and
+peak reserved, each from the allocator in use: gpustitch_get_stats() when the gpustitch shim is
+loaded (PyTorch's cache is then off and keeps no figures), else torch.cuda's own statistics.
+
+    python3 tools/gpu/hf_workloads.py train --steps 12
+    gpustitch run -- python3 tools/gpu/hf_workloads.py generate --requests 16
+    GPUSTITCH_CONF=trace:hf_train.csv gpustitch run -- python3 tools/gpu/hf_workloads.py train
+
+The traces in tests/data/traces/hf_*.csv were recorded the last way (README there).
+"""
+import argparse
+import ctypes
+import json
+import os
+import random
+import time
+
+
+class ShimStats(ctypes.Structure):
+    # gpustitch_device_stats from preload/include/gpustitch/gpustitch.h (field order matters).
+    _fields_ = [(name, ctypes.c_uint64) for name in (
+        "allocs", "frees", "cache_hits", "fresh", "stitches", "ooms", "live_blocks",
+        "bytes_requested", "bytes_allocated", "bytes_reserved", "bytes_cached", "peak_allocated",
+        "peak_reserved", "largest_possible", "device_free", "device_total")]
+
+
+def shim():
+    try:
+        lib = ctypes.CDLL(None)
+        lib.gpustitch_active.restype = ctypes.c_int
+        lib.gpustitch_get_stats.restype = ctypes.c_int
+        lib.gpustitch_get_stats.argtypes = [ctypes.c_int, ctypes.POINTER(ShimStats),
+                                            ctypes.c_size_t]
+        return lib if lib.gpustitch_active() else None
+    except (AttributeError, OSError):
+        return None
+
+
+def build_model(torch, args):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(hidden_size=768, intermediate_size=2048, num_hidden_layers=args.layers,
+                      num_attention_heads=12, num_key_value_heads=4, vocab_size=32000,
+                      max_position_embeddings=max(8192, args.max_len),
+                      pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return LlamaForCausalLM(cfg).to("cuda")
+
+
+def train(torch, model, args, rng):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    tokens = 0
+    start = None
+    for step in range(args.steps):
+        if step == args.warmup:
+            torch.cuda.synchronize()
+            start, tokens = time.perf_counter(), 0
+        n = rng.randint(args.min_len, args.max_len)
+        ids = torch.randint(3, 32000, (args.batch, n), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        tokens += args.batch * n
+    torch.cuda.synchronize()
+    return tokens, time.perf_counter() - start
+
+
+def generate(torch, model, args, rng):
+    model.eval()
+    tokens = 0
+    start = None
+    with torch.no_grad():
+        for r in range(args.requests):
+            if r == args.warmup:
+                torch.cuda.synchronize()
+                start, tokens = time.perf_counter(), 0
+            batch, prompt, new = rng.randint(1, 8), rng.randint(16, 512), rng.randint(16, 256)
+            ids = torch.randint(3, 32000, (batch, prompt), device="cuda")
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                     max_new_tokens=new, min_new_tokens=new, do_sample=False)
+            tokens += batch * (out.shape[1] - prompt)
+    torch.cuda.synchronize()
+    return tokens, time.perf_counter() - start
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("mode", choices=["train", "generate"])
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--min-len", type=int, default=256)
+    ap.add_argument("--max-len", type=int, default=8192)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    import torch
+    rng = random.Random(args.seed)
+    torch.manual_seed(args.seed)
+    model = build_model(torch, args)
+    run = train if args.mode == "train" else generate
+    tokens, seconds = run(torch, model, args, rng)
+    result = {"mode": args.mode, "tokens_per_s": round(tokens / seconds, 1),
+              "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+              "no_caching": os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING", "")}
+    lib = shim()
+    if lib is not None:
+        s = ShimStats()
+        lib.gpustitch_get_stats(0, ctypes.byref(s), ctypes.sizeof(s))
+        result.update(source="gpustitch", peak_allocated=s.peak_allocated,
+                      peak_reserved=s.peak_reserved, fresh=s.fresh, stitches=s.stitches)
+    else:
+        result.update(source="torch", peak_allocated=torch.cuda.max_memory_allocated(),
+                      peak_reserved=torch.cuda.max_memory_reserved())
+    result["ratio"] = round(result["peak_reserved"] / max(result["peak_allocated"], 1), 4)
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
