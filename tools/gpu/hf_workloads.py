@@ -6,9 +6,9 @@ A Llama-style model built from a config (no weights are downloaded: 8 layers, d_
 
   train     AdamW training, bf16 autocast, batch --batch, sequence length drawn per step from
             --min-len..--max-len (the seeds' dynamic-length case);
-  generate  serving: --requests calls of model.generate() with a random batch (1..8), prompt
-            length (16..512) and number of new tokens (16..256), so the KV cache grows and
-            shrinks from request to request.
+  generate  serving: --requests calls of model.generate() with a random batch (1..--max-batch),
+            prompt length (16..512) and number of new tokens (16..--max-new), so the KV cache
+            grows and shrinks from request to request.
 
 It prints one JSON line: tokens/s (timed after --warmup steps or requests), peak allocated and
 peak reserved, each from the allocator in use: gpustitch_get_stats() when the gpustitch shim is
@@ -86,7 +86,8 @@ def generate(torch, model, args, rng):
             if r == args.warmup:
                 torch.cuda.synchronize()
                 start, tokens = time.perf_counter(), 0
-            batch, prompt, new = rng.randint(1, 8), rng.randint(16, 512), rng.randint(16, 256)
+            batch = rng.randint(1, args.max_batch)
+            prompt, new = rng.randint(16, 512), rng.randint(16, args.max_new)
             ids = torch.randint(3, 32000, (batch, prompt), device="cuda")
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
@@ -104,6 +105,8 @@ def main():
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--max-batch", type=int, default=8, help="generate: largest batch")
+    ap.add_argument("--max-new", type=int, default=256, help="generate: most new tokens")
     ap.add_argument("--min-len", type=int, default=256)
     ap.add_argument("--max-len", type=int, default=8192)
     ap.add_argument("--seed", type=int, default=0)
