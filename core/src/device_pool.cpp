@@ -1037,13 +1037,15 @@ Status DevicePool::mem_info(std::size_t* free, std::size_t* total) noexcept {
   return Status::ok;
 }
 
-std::size_t DevicePool::largest_possible_locked(std::size_t device_free) const noexcept {
+std::size_t DevicePool::largest_possible_locked(std::size_t device_free,
+                                                bool exact) const noexcept {
   const std::size_t cap = cap_bytes();
   std::size_t headroom = stats_.bytes_reserved >= cap ? 0 : cap - stats_.bytes_reserved;
   headroom = std::min(headroom, device_free) / granularity_ * granularity_;
   // Idle handles serve a request by moving (stitching on) or by being released and created
   // again at the right size (trim and retry); pending and parked memory once fenced.
-  std::size_t idle = heap_.idle_bytes() + chunks_.idle_bytes();
+  std::size_t idle =
+      exact ? heap_.idle_bytes() + chunks_.idle_bytes() : heap_.idle_bound() + chunks_.idle_bound();
   if (config_.stitching) idle += stats_.bytes_pending + parked_bytes();
   return std::max(heap_.largest_free(), headroom + idle);
 }
@@ -1087,7 +1089,7 @@ DeviceStats DevicePool::stats() const noexcept {
   s.device_total = have_info ? device_total : total_;
   s.bytes_cached = s.bytes_reserved - s.bytes_allocated;
   s.largest_free_block = heap_.largest_free();
-  s.largest_possible = usable_ ? largest_possible_locked(device_free) : 0;
+  s.largest_possible = usable_ ? largest_possible_locked(device_free, false) : 0;
   return s;
 }
 
@@ -1124,7 +1126,7 @@ PoolEvent DevicePool::make_event(EventKind kind, std::uint64_t size,
   e.size = size;
   e.device_free = last_device_free_;
   e.cached = stats_.bytes_reserved - stats_.bytes_allocated - arena_allocated();
-  e.largest_possible = usable_ ? largest_possible_locked(last_device_free_) : 0;
+  e.largest_possible = usable_ ? largest_possible_locked(last_device_free_, true) : 0;
   e.pieces = pieces;
   e.fragmentation = stats_.bytes_reserved == 0
                         ? 0.0

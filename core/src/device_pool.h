@@ -152,7 +152,9 @@ class DevicePool final : private ChunkSource {
 
   void emit(const Outcome& outcome) noexcept;
   PoolEvent make_event(EventKind kind, std::uint64_t size, std::uint64_t pieces) noexcept;
-  std::size_t largest_possible_locked(std::size_t device_free) const noexcept;
+  // exact: count the idle handles (a walk over every handle: for events); else a bound from the
+  // free blocks alone (for stats(), which the replay and the publisher read all the time).
+  std::size_t largest_possible_locked(std::size_t device_free, bool exact) const noexcept;
   std::size_t cap_bytes() const noexcept;
 
   Backend& backend_;

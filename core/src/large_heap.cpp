@@ -336,6 +336,16 @@ std::size_t LargeHeap::idle_bytes() const noexcept {
   return total;
 }
 
+std::size_t LargeHeap::idle_bound() const noexcept {
+  const std::size_t g = options_.granularity;
+  std::size_t total = backing_.spare_bytes();
+  for (const Block* b : free_) {
+    const DevPtr lo = align_up_ptr(b->ptr, g), hi = align_down(b->end(), g);
+    if (hi > lo) total += hi - lo;
+  }
+  return total;
+}
+
 std::size_t LargeHeap::release_one(std::size_t wanted) noexcept {
   // Spares first: they cost a release only.
   if (!backing_.spares().empty()) {

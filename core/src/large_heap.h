@@ -75,8 +75,10 @@ class LargeHeap {
   std::size_t release(std::size_t wanted) noexcept;
   std::size_t handles_released() const noexcept { return handles_released_; }
   std::size_t retry_failed() noexcept { return backing_.retry_failed(); }
-  // Physical memory that moving can reuse now: spares and handles wholly inside free blocks.
+  // Physical memory that moving can reuse now: spares and handles wholly inside free blocks (a
+  // walk over every handle), and a bound of it from the free blocks alone (a walk over those).
   std::size_t idle_bytes() const noexcept;
+  std::size_t idle_bound() const noexcept;
 
   Status grant_peer(int peer) noexcept { return backing_.grant_peer(peer); }
 
