@@ -257,9 +257,10 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
   // Move: unmap idle handles where they lie; their place becomes unbacked. One the driver will
   // not unmap stays where it is, and fresh memory stands in for it if the allowance permits.
   std::size_t covered = 0;
+  const std::size_t moved_end = spares_used + moved;  // chosen_[spares_used, moved_end): idle ones
   for (std::size_t i = 0; i < chosen_.size(); ++i) {
     Handle* h = chosen_[i];
-    if (i >= spares_used && i < spares_used + moved) {
+    if (i >= spares_used && i < moved_end) {
       Handle old;  // carve needs the old place
       old.at = h->at;
       old.size = h->size;
