@@ -109,3 +109,45 @@ INSTANTIATE_TEST_SUITE_P(EveryCall, PoolFault,
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
+
+// An idle handle the driver will not unmap stays where it is and is not mapped a second time:
+// fresh memory stands in for it, every mapping the device holds is one the pool knows, and the
+// live blocks keep their bytes.
+TEST(PoolFaultMove, AnIdleHandleThatWillNotUnmapStaysWhereItIs) {
+  TestDevice dev = make_test_device({.capacity = 1 * GiB + 64 * MiB, .map_offset = false});
+  if (dev.sim == nullptr) GTEST_SKIP();
+  Config cfg;
+  cfg.background_reclaim = false;
+  cfg.segment_size = 64 * MiB;  // each 64 MiB block one handle
+  {
+    Pool pool(*dev.backend, cfg);
+    std::vector<DevPtr> blocks(16);
+    for (auto& b : blocks) {
+      ASSERT_EQ(pool.allocate(0, 64 * MiB, kAnyStream, &b), Status::ok);
+      stamp(dev, b, 64 * MiB, b);
+    }
+    for (std::size_t i : {0, 2, 4, 6}) ASSERT_EQ(pool.deallocate(blocks[i]), Status::ok);
+    pool.drain_pending(0);
+    // 192 MiB: three idle handles move; the first unmap fails, the 64 MiB left on the device
+    // stands in for it.
+    dev.sim->fail_nth(SimOp::unmap, 1, Status::error);
+    DevPtr big = 0;
+    ASSERT_EQ(pool.allocate(0, 192 * MiB, kAnyStream, &big), Status::ok);
+    dev.sim->fail_nth(SimOp::unmap, 0);
+    stamp(dev, big, 192 * MiB, 0xb19);
+    EXPECT_EQ(pool.validate(0), "");
+    const DeviceStats st = pool.stats(0);
+    EXPECT_EQ(st.bytes_reserved, dev.sim->used(0));
+    EXPECT_EQ(dev.sim->live_mappings() * 64 * MiB, st.bytes_mapped)
+        << "a mapping the pool does not know of";
+    EXPECT_TRUE(check(dev, big, 192 * MiB, 0xb19));
+    for (std::size_t i : {1, 3, 5, 7, 8, 15})
+      EXPECT_TRUE(check(dev, blocks[i], 64 * MiB, blocks[i]));
+    ASSERT_EQ(pool.deallocate(big), Status::ok);
+    for (std::size_t i = 1; i < 8; i += 2) ASSERT_EQ(pool.deallocate(blocks[i]), Status::ok);
+    for (std::size_t i = 8; i < 16; ++i) ASSERT_EQ(pool.deallocate(blocks[i]), Status::ok);
+    pool.trim(0);
+    EXPECT_EQ(dev.sim->live_mappings(), 0u);
+  }
+  EXPECT_EQ(dev.sim->live_handles(), 0u);
+}
