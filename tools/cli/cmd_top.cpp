@@ -67,7 +67,13 @@ std::uint64_t device_sort_key(const nlohmann::json& p, const std::string& key) {
 }
 
 std::string render(const Fetched& f, const TopOptions& o) {
-  auto processes = f.answer["processes"];
+  // The daemon's answer is untrusted: a missing or mistyped list shows as none (operator[] on a
+  // const json with a missing key is undefined behaviour; Debug builds assert).
+  static const nlohmann::json kNone = nlohmann::json::array();
+  const nlohmann::json& processes =
+      f.answer.is_object() && f.answer.contains("processes") && f.answer.at("processes").is_array()
+          ? f.answer.at("processes")
+          : kNone;
   std::vector<nlohmann::json> list(processes.begin(), processes.end());
   std::stable_sort(list.begin(), list.end(), [&](const auto& a, const auto& b) {
     if (o.sort == "pid") return u64(a, "pid") < u64(b, "pid");
@@ -143,7 +149,10 @@ Registrar reg{
                                              std::chrono::system_clock::now().time_since_epoch())
                                              .count()},
                                         {"source", f.source},
-                                        {"processes", f.answer["processes"]}}
+                                        {"processes",
+                                         f.answer.is_object() && f.answer.contains("processes")
+                                             ? f.answer.at("processes")
+                                             : nlohmann::json::array()}}
                              .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
                       << "\n";
           } else {
