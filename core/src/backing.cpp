@@ -123,7 +123,9 @@ Status Backing::grant_peer(int peer) noexcept {
     }
     return std::pair{Status::ok, DevPtr{0}};
   };
-  auto [status, failed_at] = for_runs([&](DevPtr lo, std::size_t n) { return set_access(lo, n); });
+  const auto result = for_runs([&](DevPtr lo, std::size_t n) { return set_access(lo, n); });
+  const Status status = result.first;
+  const DevPtr failed_at = result.second;  // a plain variable: lambdas below capture it
   if (status == Status::ok) return Status::ok;
   access_.pop_back();
   for_runs([&](DevPtr lo, std::size_t n) {  // back to the previous set of devices

@@ -60,9 +60,7 @@ DevPtr align_up_ptr(DevPtr v, std::size_t a) {
 
 LargeHeap::LargeHeap(Backend& backend, int device, const Options& options,
                      std::pmr::memory_resource* nodes) noexcept
-    : backend_(backend),
-      device_(device),
-      options_(options),
+    : options_(options),
       space_(backend, device, options.granularity),
       backing_(backend, device),
       free_(nodes) {

@@ -115,8 +115,6 @@ class LargeHeap {
   void unmap_all(Handle* const* hs, std::size_t n) noexcept;
   bool idle(const Handle* h) const noexcept;
 
-  Backend& backend_;
-  const int device_;
   Options options_;
   AddressSpace space_;
   Backing backing_;
