@@ -53,9 +53,6 @@ constexpr std::size_t kMaxCandidates = 1024;  // idle handles considered per mis
 DevPtr align_down(DevPtr v, std::size_t a) {
   return v / a * a;
 }
-DevPtr align_up_ptr(DevPtr v, std::size_t a) {
-  return (v + a - 1) / a * a;
-}
 }  // namespace
 
 LargeHeap::LargeHeap(Backend& backend, int device, const Options& options,
@@ -112,7 +109,7 @@ bool LargeHeap::place(std::size_t rounded, Window* w) const noexcept {
     for (DevPtr s : {lo, hi - rounded}) {
       const DevPtr e = s + rounded;
       const DevPtr glo = align_down(std::max(s, u->ptr), g);
-      const DevPtr ghi = std::min(align_up_ptr(std::min(e, u->end()), g), u->end());
+      const DevPtr ghi = std::min(align_up(std::min(e, u->end()), g), u->end());
       // Zero: the window lies in a free block, which best fit declined (max_split_size).
       if (ghi <= glo) continue;
       const std::size_t need = ghi - glo;
@@ -339,7 +336,7 @@ std::size_t LargeHeap::idle_bound() const noexcept {
   const std::size_t g = options_.granularity;
   std::size_t total = backing_.spare_bytes();
   for (const Block* b : free_) {
-    const DevPtr lo = align_up_ptr(b->ptr, g), hi = align_down(b->end(), g);
+    const DevPtr lo = align_up(b->ptr, g), hi = align_down(b->end(), g);
     if (hi > lo) total += hi - lo;
   }
   return total;

@@ -122,26 +122,40 @@ TEST(Pool, UnfencedFreeIsNotReusedWhileTheDeviceIsBusy) {
   EXPECT_EQ(c2, a);
 }
 
+// Holds the simulated device busy (fences cannot complete) and lets it go 20 ms later from a
+// thread of its own, so that a call which waits for the device returns only after that.
+class DeviceReleasedLater {
+ public:
+  explicit DeviceReleasedLater(TestDevice& dev) : dev_(dev) {
+    dev_.sim->hold_device(true);
+    thread_ = std::thread([this] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      released_ = true;
+      dev_.sim->hold_device(false);
+    });
+  }
+  ~DeviceReleasedLater() { thread_.join(); }
+  bool released() const { return released_.load(); }
+
+ private:
+  TestDevice& dev_;
+  std::atomic<bool> released_{false};
+  std::thread thread_;
+};
+
 TEST(Pool, PendingShareMakesTheAllocationWaitInsteadOfGrowing) {
   TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
   Pool pool(*dev.backend, Config{});
   DevPtr a = 0, b = 0;
   ASSERT_EQ(pool.allocate(0, 256 * MiB, kAnyStream, &a), Status::ok);
-  dev.sim->hold_device(true);
+  DeviceReleasedLater device(dev);
   ASSERT_EQ(pool.deallocate(a), Status::ok);
-  std::atomic<bool> released{false};
-  std::thread device([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    released = true;
-    dev.sim->hold_device(false);
-  });
   // Everything the pool holds is waiting for the device: growing would double the footprint.
   ASSERT_EQ(pool.allocate(0, 256 * MiB, kAnyStream, &b), Status::ok);
-  EXPECT_TRUE(released.load()) << "reused before the device finished";
+  EXPECT_TRUE(device.released()) << "reused before the device finished";
   EXPECT_EQ(a, b);
   EXPECT_EQ(pool.stats(0).fresh, 1u);
-  device.join();
 }
 
 // Pending memory that could cover a cudaMalloc is waited for before fresh memory is taken once it
@@ -154,20 +168,13 @@ TEST(Pool, PendingAboveA64thIsFencedBeforeFreshMemory) {
   DevPtr resident = 0, a = 0, b = 0;
   ASSERT_EQ(pool.allocate(0, 512 * MiB, kAnyStream, &resident), Status::ok);
   ASSERT_EQ(pool.allocate(0, 64 * MiB, kAnyStream, &a), Status::ok);
-  dev.sim->hold_device(true);
+  DeviceReleasedLater device(dev);
   ASSERT_EQ(pool.deallocate(a), Status::ok);
-  std::atomic<bool> released{false};
-  std::thread device([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    released = true;
-    dev.sim->hold_device(false);
-  });
   const std::uint64_t fresh_before = pool.stats(0).fresh;
   ASSERT_EQ(pool.allocate(0, 64 * MiB, kAnyStream, &b), Status::ok);
-  EXPECT_TRUE(released.load()) << "reused before the device finished";
+  EXPECT_TRUE(device.released()) << "reused before the device finished";
   EXPECT_EQ(a, b);
   EXPECT_EQ(pool.stats(0).fresh, fresh_before) << "fresh memory while 64 MiB waited for a fence";
-  device.join();
 }
 
 TEST(Pool, StreamOrderedFreeIsReusedBySameStreamOnly) {
