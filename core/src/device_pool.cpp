@@ -97,6 +97,7 @@ LargeHeap::Options heap_options(Backend& backend, const Config& config, int devi
   o.granularity = std::max<std::size_t>(backend.granularity(device), 1);
   o.min_handle = config.segment_size;
   o.max_fresh_handles = config.fresh_handles == 0 ? SIZE_MAX : config.fresh_handles;
+  o.max_handle = config.max_handle == 0 ? SIZE_MAX : config.max_handle;
   o.move = config.stitching;
   o.max_split_size = config.max_split_size;
   return o;
@@ -973,8 +974,14 @@ void DevicePool::return_chunks(Block* const* blocks, std::size_t n) noexcept {
   }
 }
 
-bool DevicePool::fence_for_chunk(std::size_t size) noexcept {
-  return tl_arena != nullptr && fence_rather_than_device(*tl_arena, size);
+// The device path for a chunk is fresh memory: chunks_ gives its idle handles back as soon as a
+// chunk returns (return_chunks), so it holds no fenced chunk to offer, and the large heap's free
+// blocks live in another address space. Measured in replay before this rule (when the large
+// heap's free blocks counted as an offer): hf_llama_generate's growing KV-cache sizes took a
+// fresh 2 MiB chunk for each new size while 4 MiB of small objects were live, and reserved rose
+// to 1.57x of demand.
+bool DevicePool::fence_for_chunk(std::size_t) noexcept {
+  return tl_arena != nullptr && fence_arena(*tl_arena);
 }
 
 // ---------------------------------------------------------------------------------------------

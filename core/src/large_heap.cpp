@@ -21,11 +21,17 @@
 //     handles. Reserved memory therefore grows only when the idle memory the pool holds cannot
 //     make up the request, not whenever the device has free memory;
 //   - cuMemSetAccess runs once per backed gap, not per handle;
-//   - fresh memory for one gap is one handle, or handles of at most max_handle: on an H200 one
-//     handle costs ~12 us to create (188 us for 2 GiB), ~1-2 us to map and ~27 us to set access
-//     (155 us for 2 GiB) whatever its size (../docs/address-space.md), so a fresh block of any size
-//     costs a few handles' worth, near cudaMalloc's 0.08-0.6 ms for 256 MiB-4 GiB; smaller
-//     max_handle makes more of the memory movable later at more calls per fresh block;
+//   - fresh memory for one gap comes in handles of max(min_handle, gap / max_fresh_handles),
+//     none larger than max_handle (20 MiB by default, expandable segments' page). The trade-off:
+//     on an H200 a handle costs ~12 us to create, ~1-2 us to map and ~27-32 us of
+//     cuMemSetAccess whatever its size (one call over a range costs what one call per handle
+//     does; ../docs/address-space.md), so a fresh 256 MiB block of 64 handles costs ~2.5 ms
+//     against cudaMalloc's 0.08 ms; but a live block pins the free rest of every handle it
+//     touches (the driver maps handles whole), so large handles leave free memory that can
+//     neither move nor serve a larger request. In replay with 64 handles per gap and no cap
+//     (2 GiB gaps got 32 MiB handles, 4 GiB ones 64 MiB), hf_llama_train needed a 14.16 GiB
+//     device against expandable segments' 13.62; with the 20 MiB cap it needs 13.13, and the
+//     generated seeds' trace at 4% headroom went from 2 out-of-memory errors to none;
 //   - moving a handle costs a cuMemUnmap (~18 us), a cuMemMap and its share of one
 //     cuMemSetAccess, and no create/release: reserved stays the same. Expandable segments instead
 //     release and re-create pages, and only at out-of-memory;
@@ -47,7 +53,7 @@
 namespace gpustitch::detail {
 
 namespace {
-constexpr std::size_t kMaxScanBlocks = 64;    // free blocks examined for idle handles per miss
+constexpr std::size_t kMaxScanBlocks = 1024;  // free blocks examined for idle handles per miss
 constexpr std::size_t kMaxCandidates = 1024;  // idle handles considered per miss
 
 DevPtr align_down(DevPtr v, std::size_t a) {
@@ -210,10 +216,11 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
   }
   const std::size_t fresh = remaining;
   if (fresh > fresh_allowance) return Status::out_of_memory;
-  // Handles of at least min_handle, and at most max_fresh_handles of them for one gap.
+  // Handles of at least min_handle, at most max_handle, and as few as max_fresh_handles allow.
   const std::size_t per_gap = std::max<std::size_t>(options_.max_fresh_handles, 1);
-  const std::size_t max_handle =
-      std::max({align_up(options_.min_handle, g), g, align_up(fresh / per_gap, g)});
+  const std::size_t smallest = std::max(align_up(options_.min_handle, g), g);
+  const std::size_t max_handle = std::max(
+      smallest, std::min(align_up(fresh / per_gap, g), align_down(options_.max_handle, g)));
   const std::size_t fresh_count = (fresh + max_handle - 1) / max_handle;
   // Nodes for every split below (the window's, two per moved handle, two per handle a failed
   // rollback may leave mapped), so that no step fails half-way for want of host memory.

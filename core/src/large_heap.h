@@ -22,9 +22,10 @@ class LargeHeap {
     std::size_t granularity = 2 * MiB;
     std::size_t span_size = 0;  // the first reservation; 0: twice the device's memory
     // Fresh memory for one gap: handles of min_handle, or of 1/max_fresh_handles of the gap when
-    // that is larger (large_heap.cpp: the trade-off).
+    // that is larger, but none above max_handle (large_heap.cpp: the trade-off).
     std::size_t min_handle = 2 * MiB;
     std::size_t max_fresh_handles = 64;
+    std::size_t max_handle = SIZE_MAX;
     bool move = true;  // back requests with idle handles moved from elsewhere
     // PyTorch's max_split_size_mb: free blocks at least this large serve only requests at least
     // this large, and their handles do not move for smaller ones.
