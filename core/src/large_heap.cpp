@@ -29,9 +29,10 @@
 //     against cudaMalloc's 0.08 ms; but a live block pins the free rest of every handle it
 //     touches (the driver maps handles whole), so large handles leave free memory that can
 //     neither move nor serve a larger request. In replay with 64 handles per gap and no cap
-//     (2 GiB gaps got 32 MiB handles, 4 GiB ones 64 MiB), hf_llama_train needed a 14.16 GiB
-//     device against expandable segments' 13.62; with the 20 MiB cap it needs 13.13, and the
-//     generated seeds' trace at 4% headroom went from 2 out-of-memory errors to none;
+//     (2 GiB gaps got 32 MiB handles, 4 GiB ones 64 MiB), hf_llama_train needed a 13.19 GiB
+//     device (expandable segments: 12.69); with the 20 MiB cap 13.13 (12.94 with the scan
+//     below), and the generated seeds' trace at 4% headroom went from 2 out-of-memory errors to
+//     none;
 //   - moving a handle costs a cuMemUnmap (~18 us), a cuMemMap and its share of one
 //     cuMemSetAccess, and no create/release: reserved stays the same. Expandable segments instead
 //     release and re-create pages, and only at out-of-memory;
@@ -53,7 +54,10 @@
 namespace gpustitch::detail {
 
 namespace {
-constexpr std::size_t kMaxScanBlocks = 1024;  // free blocks examined for idle handles per miss
+// Free blocks examined for idle handles per miss. 64 was too few: a 2 GiB request among
+// scattered 32 MiB holes, each holding at most one idle 20 MiB handle, could not gather its
+// handles and the pool gave its cache back instead (SeedsScenario in tests/core/pool_test.cpp).
+constexpr std::size_t kMaxScanBlocks = 1024;
 constexpr std::size_t kMaxCandidates = 1024;  // idle handles considered per miss
 
 DevPtr align_down(DevPtr v, std::size_t a) {

@@ -12,7 +12,8 @@
 #   --rounds  rounds (default 1)
 #   --only    run only the configurations whose name matches (extended regex)
 #   --conf    add a gpustitch configuration NAME with GPUSTITCH_CONF=CONF (repeatable); without
-#             any, one "gpustitch" row with the defaults
+#             any, one "gpustitch" row with the defaults. NAME=CONF|TORCH also sets
+#             PYTORCH_CUDA_ALLOC_CONF=TORCH for that row (e.g. "async=|backend:cudaMallocAsync")
 #
 # Prints one JSON line per run (the workload's own line plus "config", "workload", "round").
 # Configurations: pytorch (default caching allocator), expandable (expandable_segments:True),
@@ -27,7 +28,7 @@ while [[ $# -gt 0 ]]; do
     --rounds) ROUNDS=$2; shift 2 ;;
     --only) ONLY=$2; shift 2 ;;
     --conf) CONFS+=("$2"); shift 2 ;;
-    -h | --help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "memory_compare: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -46,18 +47,25 @@ declare -A WORKLOAD=(
 )
 
 run_one() {  # config workload round
-  local name=$1 wl=$2 round=$3 conf="" line
+  local name=$1 wl=$2 round=$3 conf="" torch="" line
   for c in "${CONFS[@]}"; do [[ ${c%%=*} == "$name" ]] && conf=${c#*=}; done
+  if [[ $conf == *"|"* ]]; then torch=${conf#*|} conf=${conf%%|*}; fi
   local cmd="python3 ${WORKLOAD[$wl]} --config $name"
   [[ $wl == hf ]] && cmd="python3 ${WORKLOAD[$wl]}"
   case $name in
     pytorch) line=$(env -u PYTORCH_CUDA_ALLOC_CONF $cmd 2>&1 | grep '^{' | tail -1) ;;
     expandable) line=$(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $cmd 2>&1 | grep '^{' | tail -1) ;;
-    *) line=$(GPUSTITCH_LIBRARY=$LIB GPUSTITCH_CONF=$conf "$CLI" run -- $cmd 2>&1 | grep '^{' | tail -1) ;;
+    *)
+      if [[ -n $torch ]]; then
+        line=$(PYTORCH_CUDA_ALLOC_CONF=$torch GPUSTITCH_LIBRARY=$LIB GPUSTITCH_CONF=$conf "$CLI" run -- $cmd 2>&1 | grep '^{' | tail -1)
+      else
+        line=$(env -u PYTORCH_CUDA_ALLOC_CONF GPUSTITCH_LIBRARY=$LIB GPUSTITCH_CONF=$conf "$CLI" run -- $cmd 2>&1 | grep '^{' | tail -1)
+      fi
+      ;;
   esac
   [[ -n $line ]] || line='{"error": "no result"}'
-  python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d.update(config=sys.argv[2], workload=sys.argv[3], round=int(sys.argv[4]), gpustitch_conf=sys.argv[5]); print(json.dumps(d), flush=True)' \
-    "$line" "$name" "$wl" "$round" "$conf"
+  python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d.update(config=sys.argv[2], workload=sys.argv[3], round=int(sys.argv[4]), gpustitch_conf=sys.argv[5], torch_conf=sys.argv[6]); print(json.dumps(d), flush=True)' \
+    "$line" "$name" "$wl" "$round" "$conf" "$torch"
 }
 
 for ((r = 0; r < ROUNDS; ++r)); do
