@@ -202,7 +202,9 @@ int run_tune(const TuneArgs& a, const GlobalOptions& g) {
           static_cast<unsigned long long>(s.unrecorded_live),
           gib(s.unrecorded_live_bytes).c_str());
   }
-  std::printf("%-46s %13s %13s %7s %6s %8s %5s\n", "setting", "peak reserved", "min device",
+  int width = 8;
+  for (const auto& r : rep.rows) width = std::max(width, static_cast<int>(r.setting.label.size()) + 2);
+  std::printf("%-*s %13s %13s %7s %6s %8s %5s\n", width, "setting", "peak reserved", "min device",
               "OOMs", "idle", "unusable", "cost");
   for (std::size_t i = 0; i < rep.rows.size(); ++i) {
     const auto& r = rep.rows[i];
@@ -210,7 +212,7 @@ int run_tune(const TuneArgs& a, const GlobalOptions& g) {
     char unusable[16] = "n/a";
     if (r.at_capacity.unusable_at_peak >= 0)
       std::snprintf(unusable, sizeof unusable, "%.1f%%", r.at_capacity.unusable_at_peak * 100);
-    std::printf("%-46s %13s %13s %7llu %5.1f%% %8s %5.2f\n", label.c_str(),
+    std::printf("%-*s %13s %13s %7llu %5.1f%% %8s %5.2f\n", width, label.c_str(),
                 gib(r.at_capacity.peak_reserved).c_str(),
                 r.min_capacity ? gib(r.min_capacity).c_str() : "none",
                 static_cast<unsigned long long>(r.at_capacity.ooms),

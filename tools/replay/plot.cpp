@@ -221,9 +221,12 @@ std::string plot_svg(const std::vector<ReplayResult>& results, const PlotOptions
       const double y = top + ph - 8 - static_cast<double>(i) * 12;
       s << "<path d=\"M" << x - 4 << ',' << y - 4 << " l8,8 m0,-8 l-8,8\" stroke=\"" << color
         << "\" stroke-width=\"2\"/>\n";
+      // Labelled on the side with room: marks near the right edge get theirs on the left.
+      const bool flip = x > left + 0.7 * pw;
       if (k == 0)
-        s << "<text x=\"" << x + 6 << "\" y=\"" << y + 4 << "\" fill=\"" << color
-          << "\" font-size=\"11\">OOM (" << plot_escape(r.policy) << ")</text>\n";
+        s << "<text x=\"" << (flip ? x - 6 : x + 6) << "\" y=\"" << y + 4 << "\" fill=\""
+          << color << "\" font-size=\"11\"" << (flip ? " text-anchor=\"end\"" : "") << ">OOM ("
+          << plot_escape(r.policy) << ")</text>\n";
     }
     const double ly = top + 30 + static_cast<double>(i) * 40;
     s << "<line x1=\"" << lx << "\" y1=\"" << ly << "\" x2=\"" << lx + 24 << "\" y2=\"" << ly

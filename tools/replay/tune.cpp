@@ -174,11 +174,13 @@ void measure_all(const Measurer& m, const std::vector<TuneSetting>& settings,
 }
 
 // Lexicographic rank: no OOM at the capacity, smallest device (none found: last), peak
-// reserved, cost, then the sweep's order (simpler settings come first).
+// reserved, then the sweep's order (simpler settings and smaller values first). The measured
+// cost is not ranked on: it is host timing, and equal settings differ in it by tens of percent
+// from run to run.
 auto rank_key(const std::vector<TuneRow>& rows, std::size_t i) {
   const TuneRow& r = rows[i];
   return std::make_tuple(r.at_capacity.ooms > 0, r.min_capacity == 0 ? UINT64_MAX : r.min_capacity,
-                         r.at_capacity.peak_reserved, r.relative_cost, i);
+                         r.at_capacity.peak_reserved, i);
 }
 
 }  // namespace
@@ -288,8 +290,9 @@ TuneAnswer decide(const std::vector<TuneRow>& rows, std::uint64_t capacity,
   } else {
     a.verdict = avoids ? TuneVerdict::setting_avoids_oom : TuneVerdict::setting_saves;
     if (avoids) {
-      s = line + " avoids the " + std::to_string(def.at_capacity.ooms) +
-          " out-of-memory errors the default hits on a " + gib(capacity) + " device: it needs " +
+      const auto n = def.at_capacity.ooms;
+      s = line + " avoids the " + std::to_string(n) +
+          (n == 1 ? " out-of-memory error" : " out-of-memory errors") + " the default hits on a " + gib(capacity) + " device: it needs " +
           needs(rec) + " (the default " + needs(def) + ").";
     } else {
       s = line + " needs a " + needs(rec) + " device instead of the default's " + needs(def);

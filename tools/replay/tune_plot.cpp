@@ -12,8 +12,12 @@ namespace gpustitch::replay {
 
 std::string tune_plot_svg(const TuneReport& rep, const TunePlotOptions& o) {
   const double gib = 1024.0 * 1024.0 * 1024.0;
-  const double row_h = 24, top = 64, bottom = 56, left = 330, right = 110;
-  const double W = o.width;
+  // The left margin holds the longest label (about 7 px a character at 12 px).
+  std::size_t longest = 0;
+  for (const auto& r : rep.rows) longest = std::max(longest, r.setting.label.size() + 16);
+  const double row_h = 24, top = 76, bottom = 56, right = 90;
+  const double left = std::max(200.0, 7.0 * static_cast<double>(longest));
+  const double W = std::max<double>(o.width, left + right + 400);
   const double H = o.height ? o.height : top + bottom + row_h * static_cast<double>(rep.rows.size());
   const double pw = W - left - right, ph = H - top - bottom;
   const double rh = ph / std::max<double>(1, static_cast<double>(rep.rows.size()));
@@ -48,11 +52,11 @@ std::string tune_plot_svg(const TuneReport& rep, const TunePlotOptions& o) {
   s << "<text x=\"" << W / 2 << "\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">"
     << plot_escape(o.title) << "</text>\n";
   // Legend.
-  s << "<rect x=\"" << left << "\" y=\"34\" width=\"14\" height=\"9\" fill=\"#1f77b4\"/>"
-    << "<text x=\"" << left + 18 << "\" y=\"43\">peak reserved at the capacity</text>\n";
-  s << "<rect x=\"" << left + 220 << "\" y=\"34\" width=\"14\" height=\"9\" fill=\"#ff7f0e\"/>"
-    << "<text x=\"" << left + 238 << "\" y=\"43\">smallest device without OOM</text>\n";
-  s << "<text x=\"" << left + 430 << "\" y=\"43\" fill=\"#d62728\">N OOM: out-of-memory at the "
+  s << "<rect x=\"" << 20 << "\" y=\"32\" width=\"14\" height=\"9\" fill=\"#1f77b4\"/>"
+    << "<text x=\"" << 38 << "\" y=\"41\">peak reserved at the capacity</text>\n";
+  s << "<rect x=\"" << 240 << "\" y=\"32\" width=\"14\" height=\"9\" fill=\"#ff7f0e\"/>"
+    << "<text x=\"" << 258 << "\" y=\"41\">smallest device without OOM</text>\n";
+  s << "<text x=\"" << 450 << "\" y=\"41\" fill=\"#d62728\">N OOM: out-of-memory at the "
        "capacity</text>\n";
   for (double v = xmin; v <= xmax + 1e-9; v += step) {
     const double x = left + (v - xmin) / (xmax - xmin) * pw;
