@@ -282,44 +282,42 @@ int run_replay(const ReplayArgs& a, const GlobalOptions& g) {
       std::printf("%s: smallest device without OOM: %s\n", results[i].policy.c_str(),
                   min_caps[i] ? gib(min_caps[i]).c_str() : "none tried fits");
     }
-    if (!min_caps.empty())
-      std::printf("(smallest device: bisection to within 64 MiB)\n");
+    if (!min_caps.empty()) std::printf("(smallest device: bisection to within 64 MiB)\n");
   }
   return kOk;
 }
 
-Registrar reg{"replay",
-              "Replay an allocation trace (RMM CSV) through gpustitch and baseline policies",
-              [](CLI::App& app, GlobalOptions& global) {
-                auto a = std::make_shared<ReplayArgs>();
-                app.add_option("trace", a->trace, "Trace file (RMM logging CSV)");
-                app.add_option("--capacity-gb", a->capacity_gb,
-                               "Simulated device capacity in GiB (default 80)");
-                app.add_option("--policy", a->policies,
-                               "Policies to replay, comma-separated (default: all default ones)");
-                app.add_option("--max-split-mb", a->max_split_mb,
-                               "max_split_size_mb for the pytorch-max-split policy (adds it)");
-                app.add_option("--plot", a->plot, "Write allocated vs reserved to FILE.svg|.png");
-                app.add_option("--plot-width", a->plot_width, "Chart width in pixels (default 1000)");
-                app.add_option("--plot-height", a->plot_height,
-                               "Chart height in pixels (default 540)");
-                app.add_option("--generate", a->generate,
-                               "Write the synthetic transformer trace to FILE (and replay it)");
-                app.add_option("--steps", a->steps, "Steps of the synthetic trace (default 120)");
-                app.add_flag("--list-policies", a->list, "List the policies and exit");
-                app.add_flag("--gpu", a->gpu,
-                             "Replay on the GPU: gpustitch over the CUDA backend (cap = capacity) "
-                             "plus native cuda-malloc and cuda-malloc-async rows");
-                app.add_flag("--whole-handles", a->whole_handles,
-                             "Simulate a driver that cannot map at an offset into a handle (the "
-                             "H200 with driver 580), so only whole handles can be stitched");
-                app.add_option("--conf", a->conf,
-                               "GPUSTITCH_CONF-style settings for the gpustitch policies, e.g. "
-                               "segment_mb:64");
-                app.add_flag("--min-capacity", a->min_capacity,
-                             "Also find each policy's smallest device without OOM (bisection)");
-                return [a, &global]() { return run_replay(*a, global); };
-              }};
+Registrar reg{
+    "replay", "Replay an allocation trace (RMM CSV) through gpustitch and baseline policies",
+    [](CLI::App& app, GlobalOptions& global) {
+      auto a = std::make_shared<ReplayArgs>();
+      app.add_option("trace", a->trace, "Trace file (RMM logging CSV)");
+      app.add_option("--capacity-gb", a->capacity_gb,
+                     "Simulated device capacity in GiB (default 80)");
+      app.add_option("--policy", a->policies,
+                     "Policies to replay, comma-separated (default: all default ones)");
+      app.add_option("--max-split-mb", a->max_split_mb,
+                     "max_split_size_mb for the pytorch-max-split policy (adds it)");
+      app.add_option("--plot", a->plot, "Write allocated vs reserved to FILE.svg|.png");
+      app.add_option("--plot-width", a->plot_width, "Chart width in pixels (default 1000)");
+      app.add_option("--plot-height", a->plot_height, "Chart height in pixels (default 540)");
+      app.add_option("--generate", a->generate,
+                     "Write the synthetic transformer trace to FILE (and replay it)");
+      app.add_option("--steps", a->steps, "Steps of the synthetic trace (default 120)");
+      app.add_flag("--list-policies", a->list, "List the policies and exit");
+      app.add_flag("--gpu", a->gpu,
+                   "Replay on the GPU: gpustitch over the CUDA backend (cap = capacity) "
+                   "plus native cuda-malloc and cuda-malloc-async rows");
+      app.add_flag("--whole-handles", a->whole_handles,
+                   "Simulate a driver that cannot map at an offset into a handle (the "
+                   "H200 with driver 580), so only whole handles can be stitched");
+      app.add_option("--conf", a->conf,
+                     "GPUSTITCH_CONF-style settings for the gpustitch policies, e.g. "
+                     "segment_mb:64");
+      app.add_flag("--min-capacity", a->min_capacity,
+                   "Also find each policy's smallest device without OOM (bisection)");
+      return [a, &global]() { return run_replay(*a, global); };
+    }};
 
 }  // namespace
 }  // namespace gpustitch::cli

@@ -191,7 +191,8 @@ int run_tune(const TuneArgs& a, const GlobalOptions& g) {
                 static_cast<unsigned long long>(s.allocs),
                 static_cast<unsigned long long>(s.frees));
     if (s.has_segment_record)
-      std::printf(", the job reserved at most %s over the record", gib(s.recorded_peak_reserved).c_str());
+      std::printf(", the job reserved at most %s over the record",
+                  gib(s.recorded_peak_reserved).c_str());
     std::printf("\n");
     if (s.truncated())
       std::printf(
@@ -199,11 +200,11 @@ int run_tune(const TuneArgs& a, const GlobalOptions& g) {
           "(%s) live at the snapshot had none recorded; both are replayed as live from the "
           "start. What happened before the record began is not known.\n",
           static_cast<unsigned long long>(s.lost_allocs), gib(s.lost_alloc_bytes).c_str(),
-          static_cast<unsigned long long>(s.unrecorded_live),
-          gib(s.unrecorded_live_bytes).c_str());
+          static_cast<unsigned long long>(s.unrecorded_live), gib(s.unrecorded_live_bytes).c_str());
   }
   int width = 8;
-  for (const auto& r : rep.rows) width = std::max(width, static_cast<int>(r.setting.label.size()) + 2);
+  for (const auto& r : rep.rows)
+    width = std::max(width, static_cast<int>(r.setting.label.size()) + 2);
   std::printf("%-*s %13s %13s %7s %6s %8s %5s\n", width, "setting", "peak reserved", "min device",
               "OOMs", "idle", "unusable", "cost");
   for (std::size_t i = 0; i < rep.rows.size(); ++i) {

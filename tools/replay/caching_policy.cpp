@@ -132,8 +132,7 @@ void CachingAllocatorModel::garbage_collect() {
   // PyTorch's garbage_collect_cached_blocks: rounds over the whole free large segments, each
   // releasing those that waited at least the current average, until reserved is under the
   // threshold or a round releases nothing.
-  const auto threshold =
-      static_cast<std::uint64_t>(gc_threshold_ * static_cast<double>(capacity_));
+  const auto threshold = static_cast<std::uint64_t>(gc_threshold_ * static_cast<double>(capacity_));
   if (reserved_ <= threshold) return;
   const std::uint64_t target = reserved_ - threshold;
   double total_age = 0;

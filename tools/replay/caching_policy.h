@@ -37,7 +37,7 @@ namespace gpustitch::replay {
 
 // PYTORCH_CUDA_ALLOC_CONF settings the model follows (the defaults are PyTorch's).
 struct CachingOptions {
-  std::size_t max_split_size = SIZE_MAX;    // max_split_size_mb
+  std::size_t max_split_size = SIZE_MAX;     // max_split_size_mb
   std::size_t roundup_power2_divisions = 0;  // 0 or 1: off
   double garbage_collection_threshold = 0;   // 0: off
 };

@@ -172,8 +172,8 @@ class Reader {
           push(d);
           break;
         }
-        case 'l':    // LIST
-        case 't':    // TUPLE
+        case 'l':     // LIST
+        case 't':     // TUPLE
         case 0x91: {  // FROZENSET
           auto items = pop_mark();
           auto l = make(PickleValue::List{});
@@ -181,8 +181,8 @@ class Reader {
           push(l);
           break;
         }
-        case 0x85:  // TUPLE1
-        case 0x86:  // TUPLE2
+        case 0x85:    // TUPLE1
+        case 0x86:    // TUPLE2
         case 0x87: {  // TUPLE3
           std::size_t n = op - 0x84u;
           if (stack_.size() < n) fail("stack underflow");

@@ -29,7 +29,7 @@ using PickleRef = std::shared_ptr<const PickleValue>;
 
 struct PickleValue {
   struct None {};
-  using List = std::vector<PickleRef>;                      // list, tuple, set
+  using List = std::vector<PickleRef>;                        // list, tuple, set
   using Dict = std::vector<std::pair<PickleRef, PickleRef>>;  // in insertion order
   // Integers beyond 64 bits do not occur in snapshots; they are read as the low 64 bits with
   // `big` set.

@@ -133,8 +133,8 @@ std::string plot_svg(const std::vector<ReplayResult>& results, const PlotOptions
   for (const auto& r : results) {
     for (const auto& p : r.series) {
       max_x = std::max(max_x, xval(p));
-      data_max = std::max({data_max, static_cast<double>(p.reserved),
-                           static_cast<double>(p.allocated)});
+      data_max =
+          std::max({data_max, static_cast<double>(p.reserved), static_cast<double>(p.allocated)});
     }
     if (!o.time_axis) max_x = std::max(max_x, static_cast<double>(r.ops));
   }
@@ -142,9 +142,8 @@ std::string plot_svg(const std::vector<ReplayResult>& results, const PlotOptions
   const double gib = 1024.0 * 1024.0 * 1024.0;
   // The capacity is drawn only when it is within the data's range (or close above it).
   const bool cap_on_scale = o.capacity_bytes > 0 && o.capacity_bytes <= data_max * 1.25;
-  double ymax_gib = std::max((cap_on_scale ? std::max(data_max, o.capacity_bytes) : data_max) /
-                                 gib * 1.08,
-                             0.001);
+  double ymax_gib = std::max(
+      (cap_on_scale ? std::max(data_max, o.capacity_bytes) : data_max) / gib * 1.08, 0.001);
   double ystep = plot_nice_step(ymax_gib, 6);
   ymax_gib = std::ceil(ymax_gib / ystep) * ystep;
   double xstep = plot_nice_step(max_x, 8);
@@ -203,7 +202,8 @@ std::string plot_svg(const std::vector<ReplayResult>& results, const PlotOptions
   const double lx = left + pw + 16;
   // Legend: the demand first.
   s << "<rect x=\"" << lx << "\" y=\"" << top << "\" width=\"24\" height=\"10\" fill=\"#cfcfcf\"/>"
-    << "<text x=\"" << lx + 30 << "\" y=\"" << top + 9 << "\">allocated (the trace's demand)</text>\n";
+    << "<text x=\"" << lx + 30 << "\" y=\"" << top + 9
+    << "\">allocated (the trace's demand)</text>\n";
   for (std::size_t i = 0; i < results.size(); ++i) {
     const auto& r = results[i];
     const char* color = kColors[i % (sizeof kColors / sizeof *kColors)];
@@ -224,8 +224,8 @@ std::string plot_svg(const std::vector<ReplayResult>& results, const PlotOptions
       // Labelled on the side with room: marks near the right edge get theirs on the left.
       const bool flip = x > left + 0.7 * pw;
       if (k == 0)
-        s << "<text x=\"" << (flip ? x - 6 : x + 6) << "\" y=\"" << y + 4 << "\" fill=\""
-          << color << "\" font-size=\"11\"" << (flip ? " text-anchor=\"end\"" : "") << ">OOM ("
+        s << "<text x=\"" << (flip ? x - 6 : x + 6) << "\" y=\"" << y + 4 << "\" fill=\"" << color
+          << "\" font-size=\"11\"" << (flip ? " text-anchor=\"end\"" : "") << ">OOM ("
           << plot_escape(r.policy) << ")</text>\n";
     }
     const double ly = top + 30 + static_cast<double>(i) * 40;
@@ -237,7 +237,7 @@ std::string plot_svg(const std::vector<ReplayResult>& results, const PlotOptions
     std::snprintf(info, sizeof info, "peak %.2f GiB, idle cache %.0f%%, %llu OOM%s",
                   static_cast<double>(r.peak_reserved) / gib, r.frag_at_peak * 100,
                   static_cast<unsigned long long>(r.ooms), r.ooms == 1 ? "" : "s");
-    s << "<text x=\"" << lx + 30 << "\" y=\"" << ly + 18 << "\" font-size=\"10\"" 
+    s << "<text x=\"" << lx + 30 << "\" y=\"" << ly + 18 << "\" font-size=\"10\""
       << (r.ooms ? " fill=\"#d62728\"" : "") << ">" << info << "</text>\n";
   }
   s << "</svg>\n";

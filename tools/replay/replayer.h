@@ -52,10 +52,10 @@ struct ReplayResult {
   std::uint64_t peak_reserved = 0;
   double frag_at_peak = 0;       // idle cache when reserved peaked
   double unusable_at_peak = -1;  // unusable free memory when reserved peaked (-1: unknown)
-  double frag_mean = 0;     // mean over events with reserved > 0
-  double frag_max = 0;      // highest over events where allocated >= 10% of peak allocated
+  double frag_mean = 0;          // mean over events with reserved > 0
+  double frag_max = 0;           // highest over events where allocated >= 10% of peak allocated
   double ns_per_op = 0, ns_per_alloc = 0, ns_per_free = 0;
-  std::vector<ReplayPoint> series;  // at most max_points buckets
+  std::vector<ReplayPoint> series;    // at most max_points buckets
   std::vector<ReplayOom> oom_events;  // the first kMaxOomEvents OOMs, for plots
   std::vector<std::pair<std::string, std::uint64_t>> counters;  // ReplayPolicy::counters
 };

@@ -65,7 +65,8 @@ bool read_pytorch_snapshot(std::string_view bytes, trace::Trace* out, SnapshotIm
       if (blocks == nullptr || blocks->as_list() == nullptr) continue;
       for (const auto& b : *blocks->as_list()) {
         const PickleValue* state = b->get("state");
-        if (state == nullptr || state->as_str() == nullptr || *state->as_str() != "active_allocated")
+        if (state == nullptr || state->as_str() == nullptr ||
+            *state->as_str() != "active_allocated")
           continue;
         ok = true;
         std::uint64_t addr = uint_field(*b, "address", &ok);
@@ -189,10 +190,9 @@ bool read_pytorch_snapshot(std::string_view bytes, trace::Trace* out, SnapshotIm
     rep.reserved_at_snapshot += reserved_end[device];
   }
   rep.recorded_peak_reserved = recorded_peak;
-  std::stable_sort(events.begin(), events.end(),
-                   [](const trace::TraceEvent& a, const trace::TraceEvent& b) {
-                     return a.time_s < b.time_s;
-                   });
+  std::stable_sort(
+      events.begin(), events.end(),
+      [](const trace::TraceEvent& a, const trace::TraceEvent& b) { return a.time_s < b.time_s; });
   tr.events = std::move(prefix);
   tr.events.insert(tr.events.end(), events.begin(), events.end());
   *out = std::move(tr);

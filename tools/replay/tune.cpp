@@ -25,12 +25,14 @@ std::string gib(std::uint64_t b) {
 std::string caching_conf(const CachingOptions& o) {
   std::string conf;
   auto add = [&](const std::string& item) { conf += (conf.empty() ? "" : ",") + item; };
-  if (o.max_split_size != SIZE_MAX) add("max_split_size_mb:" + std::to_string(o.max_split_size / MiB));
+  if (o.max_split_size != SIZE_MAX)
+    add("max_split_size_mb:" + std::to_string(o.max_split_size / MiB));
   if (o.roundup_power2_divisions > 1)
     add("roundup_power2_divisions:" + std::to_string(o.roundup_power2_divisions));
   if (o.garbage_collection_threshold > 0) {
     char buf[48];
-    std::snprintf(buf, sizeof buf, "garbage_collection_threshold:%g", o.garbage_collection_threshold);
+    std::snprintf(buf, sizeof buf, "garbage_collection_threshold:%g",
+                  o.garbage_collection_threshold);
     add(buf);
   }
   return conf;
@@ -48,9 +50,8 @@ TuneSetting caching_setting(const CachingOptions& o) {
   return s;
 }
 
-TuneSetting registered_setting(const std::string& label, TuneFamily family,
-                               const std::string& conf, const std::string& policy,
-                               const std::string& pool_conf) {
+TuneSetting registered_setting(const std::string& label, TuneFamily family, const std::string& conf,
+                               const std::string& policy, const std::string& pool_conf) {
   TuneSetting s{label, family, conf, nullptr};
   s.make = [policy, pool_conf](const PolicyEnv& env,
                                std::string* why) -> std::unique_ptr<ReplayPolicy> {
@@ -210,8 +211,8 @@ std::vector<TuneSetting> default_sweep(std::uint64_t peak_reserved) {
   s.push_back(registered_setting("gpustitch", TuneFamily::gpustitch, "", "gpustitch", ""));
   s.push_back(registered_setting("gpustitch stitching:off", TuneFamily::gpustitch, "stitching:off",
                                  "gpustitch-no-stitch", ""));
-  for (const char* conf : {"fresh_handles:16", "fresh_handles:256", "small_limit_kb:64",
-                           "small_limit_kb:1024"})
+  for (const char* conf :
+       {"fresh_handles:16", "fresh_handles:256", "small_limit_kb:64", "small_limit_kb:1024"})
     s.push_back(registered_setting(std::string("gpustitch ") + conf, TuneFamily::gpustitch, conf,
                                    "gpustitch", conf));
   return s;
@@ -269,8 +270,7 @@ TuneAnswer decide(const std::vector<TuneRow>& rows, std::uint64_t capacity,
       }
     s = "Nothing helps: no setting runs this trace on a " + gib(capacity) +
         " device without out-of-memory. The job holds up to " + gib(peak_allocated) +
-        " live at once" +
-        (peak_allocated > capacity ? ", more than the device has" : "") + ". ";
+        " live at once" + (peak_allocated > capacity ? ", more than the device has" : "") + ". ";
     if (smallest)
       s += "The smallest device any setting runs it on is " + gib(smallest) + " (" + who +
            "), short by " + gib(smallest - capacity) + ". ";
@@ -292,8 +292,8 @@ TuneAnswer decide(const std::vector<TuneRow>& rows, std::uint64_t capacity,
     if (avoids) {
       const auto n = def.at_capacity.ooms;
       s = line + " avoids the " + std::to_string(n) +
-          (n == 1 ? " out-of-memory error" : " out-of-memory errors") + " the default hits on a " + gib(capacity) + " device: it needs " +
-          needs(rec) + " (the default " + needs(def) + ").";
+          (n == 1 ? " out-of-memory error" : " out-of-memory errors") + " the default hits on a " +
+          gib(capacity) + " device: it needs " + needs(rec) + " (the default " + needs(def) + ").";
     } else {
       s = line + " needs a " + needs(rec) + " device instead of the default's " + needs(def);
       if (def.min_capacity && rec.min_capacity) {
@@ -339,8 +339,7 @@ TuneReport run_tune(const trace::Trace& trace, const TuneOptions& options) {
   m.resolution = rep.resolution;
 
   std::vector<TuneSetting> settings = default_sweep(free_run.peak_reserved);
-  measure_all(m, settings, options.capacity, options.jobs, 0, settings.size(), options,
-              &rep.rows);
+  measure_all(m, settings, options.capacity, options.jobs, 0, settings.size(), options, &rep.rows);
 
   // Combine the best value of each caching-model knob that beat the default on its own.
   auto improves = [&](const TuneRow& r, const TuneRow& d) {
@@ -355,12 +354,14 @@ TuneReport run_tune(const trace::Trace& trace, const TuneOptions& options) {
     const TuneRow& r = rep.rows[i];
     if (r.setting.family != TuneFamily::pytorch || r.setting.conf.find(',') != std::string::npos)
       continue;
-    int knob = r.setting.conf.rfind("max_split", 0) == 0        ? 0
-               : r.setting.conf.rfind("roundup", 0) == 0        ? 1
-               : r.setting.conf.rfind("garbage", 0) == 0        ? 2
-                                                                : -1;
+    int knob = r.setting.conf.rfind("max_split", 0) == 0 ? 0
+               : r.setting.conf.rfind("roundup", 0) == 0 ? 1
+               : r.setting.conf.rfind("garbage", 0) == 0 ? 2
+                                                         : -1;
     if (knob < 0 || !improves(r, d)) continue;
-    if (best_knob[knob] == nullptr || rank_key(rep.rows, i) < rank_key(rep.rows, static_cast<std::size_t>(best_knob[knob] - rep.rows.data())))
+    if (best_knob[knob] == nullptr ||
+        rank_key(rep.rows, i) <
+            rank_key(rep.rows, static_cast<std::size_t>(best_knob[knob] - rep.rows.data())))
       best_knob[knob] = &r;
   }
   std::vector<CachingOptions> parts;
@@ -378,8 +379,10 @@ TuneReport run_tune(const trace::Trace& trace, const TuneOptions& options) {
     return o;
   };
   for (std::size_t i = 0; i < parts.size(); ++i)
-    for (std::size_t j = i + 1; j < parts.size(); ++j) combos.push_back(caching_setting(merge({&parts[i], &parts[j]})));
-  if (parts.size() == 3) combos.push_back(caching_setting(merge({&parts[0], &parts[1], &parts[2]})));
+    for (std::size_t j = i + 1; j < parts.size(); ++j)
+      combos.push_back(caching_setting(merge({&parts[i], &parts[j]})));
+  if (parts.size() == 3)
+    combos.push_back(caching_setting(merge({&parts[0], &parts[1], &parts[2]})));
   const std::size_t total_now = settings.size() + combos.size();
   if (!combos.empty())
     measure_all(m, combos, options.capacity, options.jobs, settings.size(), total_now, options,

@@ -15,10 +15,11 @@
 // read-only.
 //
 // The answer (TuneAnswer) ranks the PyTorch settings by: no OOM at the capacity, then the smallest
-// device, then peak reserved, then the sweep's order (not the cost: host timing, too noisy); the default wins unless another setting beats it by more
-// than the bisection's resolution or avoids its OOMs. gpustitch's best row is given next to it.
-// When no setting, gpustitch's included, fits the capacity, the answer says so: the job is short
-// of memory, by how much, and whether its live tensors alone exceed the device.
+// device, then peak reserved, then the sweep's order (not the cost: host timing, too noisy); the
+// default wins unless another setting beats it by more than the bisection's resolution or avoids
+// its OOMs. gpustitch's best row is given next to it. When no setting, gpustitch's included, fits
+// the capacity, the answer says so: the job is short of memory, by how much, and whether its live
+// tensors alone exceed the device.
 #pragma once
 
 #include <cstdint>

@@ -18,13 +18,14 @@ std::string tune_plot_svg(const TuneReport& rep, const TunePlotOptions& o) {
   const double row_h = 24, top = 76, bottom = 56, right = 90;
   const double left = std::max(200.0, 7.0 * static_cast<double>(longest));
   const double W = std::max<double>(o.width, left + right + 400);
-  const double H = o.height ? o.height : top + bottom + row_h * static_cast<double>(rep.rows.size());
+  const double H =
+      o.height ? o.height : top + bottom + row_h * static_cast<double>(rep.rows.size());
   const double pw = W - left - right, ph = H - top - bottom;
   const double rh = ph / std::max<double>(1, static_cast<double>(rep.rows.size()));
   double data_max = 0, data_min = 1e300;
   for (const auto& r : rep.rows) {
-    for (double v : {static_cast<double>(r.at_capacity.peak_reserved),
-                     static_cast<double>(r.min_capacity)}) {
+    for (double v :
+         {static_cast<double>(r.at_capacity.peak_reserved), static_cast<double>(r.min_capacity)}) {
       if (v <= 0) continue;
       data_max = std::max(data_max, v);
       data_min = std::min(data_min, v);
@@ -34,7 +35,8 @@ std::string tune_plot_svg(const TuneReport& rep, const TunePlotOptions& o) {
   const bool cap_on_scale = cap <= data_max * 1.5;
   double xmax = std::max(cap_on_scale ? cap : 0.0, data_max) * 1.05 / gib;
   // Start the axis near the data when all bars are long: a 2% difference stays visible.
-  double xmin = data_min < 1e300 ? std::max(0.0, data_min / gib - 0.25 * (xmax - data_min / gib)) : 0;
+  double xmin =
+      data_min < 1e300 ? std::max(0.0, data_min / gib - 0.25 * (xmax - data_min / gib)) : 0;
   if (xmin < 0.2 * xmax) xmin = 0;
   xmax = std::max(xmax, xmin + 1e-3);
   double step = plot_nice_step(xmax - xmin, 8);
@@ -56,7 +58,8 @@ std::string tune_plot_svg(const TuneReport& rep, const TunePlotOptions& o) {
     << "<text x=\"" << 38 << "\" y=\"41\">peak reserved at the capacity</text>\n";
   s << "<rect x=\"" << 240 << "\" y=\"32\" width=\"14\" height=\"9\" fill=\"#ff7f0e\"/>"
     << "<text x=\"" << 258 << "\" y=\"41\">smallest device without OOM</text>\n";
-  s << "<text x=\"" << 450 << "\" y=\"41\" fill=\"#d62728\">N OOM: out-of-memory at the "
+  s << "<text x=\"" << 450
+    << "\" y=\"41\" fill=\"#d62728\">N OOM: out-of-memory at the "
        "capacity</text>\n";
   for (double v = xmin; v <= xmax + 1e-9; v += step) {
     const double x = left + (v - xmin) / (xmax - xmin) * pw;
@@ -67,8 +70,8 @@ std::string tune_plot_svg(const TuneReport& rep, const TunePlotOptions& o) {
     s << "<text x=\"" << x << "\" y=\"" << top + ph + 16 << "\" text-anchor=\"middle\">" << t
       << "</text>\n";
   }
-  s << "<text x=\"" << left + pw / 2 << "\" y=\"" << H - 14
-    << "\" text-anchor=\"middle\">GiB" << (xmin > 0 ? " (axis starts at " : "");
+  s << "<text x=\"" << left + pw / 2 << "\" y=\"" << H - 14 << "\" text-anchor=\"middle\">GiB"
+    << (xmin > 0 ? " (axis starts at " : "");
   if (xmin > 0) {
     char t[32];
     std::snprintf(t, sizeof t, "%.2f", xmin);
@@ -79,8 +82,9 @@ std::string tune_plot_svg(const TuneReport& rep, const TunePlotOptions& o) {
     const auto& r = rep.rows[i];
     const double y = top + static_cast<double>(i) * rh;
     const bool rec = i == rep.answer.recommended;
-    if (i % 2) s << "<rect x=\"0\" y=\"" << y << "\" width=\"" << W << "\" height=\"" << rh
-                 << "\" fill=\"#f6f6f6\"/>\n";
+    if (i % 2)
+      s << "<rect x=\"0\" y=\"" << y << "\" width=\"" << W << "\" height=\"" << rh
+        << "\" fill=\"#f6f6f6\"/>\n";
     std::string label = r.setting.label;
     if (rec) label = "\u2605 " + label + " (recommended)";
     s << "<text x=\"" << left - 8 << "\" y=\"" << y + rh / 2 + 4 << "\" text-anchor=\"end\""
@@ -100,8 +104,8 @@ std::string tune_plot_svg(const TuneReport& rep, const TunePlotOptions& o) {
         << "no device up to the largest tried fits</text>\n";
     }
     if (r.at_capacity.ooms > 0)
-      s << "<text x=\"" << left + pw + 6 << "\" y=\"" << y + rh / 2 + 4
-        << "\" fill=\"#d62728\">" << r.at_capacity.ooms << " OOM</text>\n";
+      s << "<text x=\"" << left + pw + 6 << "\" y=\"" << y + rh / 2 + 4 << "\" fill=\"#d62728\">"
+        << r.at_capacity.ooms << " OOM</text>\n";
   }
   s << "<rect x=\"" << left << "\" y=\"" << top << "\" width=\"" << pw << "\" height=\"" << ph
     << "\" fill=\"none\" stroke=\"#333\"/>\n";

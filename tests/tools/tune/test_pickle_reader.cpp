@@ -13,14 +13,14 @@ using namespace gpustitch::replay;
 TEST(PickleReader, ReadsPythonsProtocol4WithMemo) {
   // pickle.dumps({'a': [1, 'x', 'x'], 'b': None, 'c': 2.5, 'd': True, 'e': -3, 'f': 2**40}, 4)
   // (the bytes Python 3 writes)
-  std::string bytes = {'\x80', '\x04', '\x95', '\x41', '\x00', '\x00', '\x00', '\x00', '\x00',
-      '\x00', '\x00', '\x7d', '\x94', '\x28', '\x8c', '\x01', '\x61', '\x94', '\x5d', '\x94',
-      '\x28', '\x4b', '\x01', '\x8c', '\x01', '\x78', '\x94', '\x68', '\x03', '\x65', '\x8c',
-      '\x01', '\x62', '\x94', '\x4e', '\x8c', '\x01', '\x63', '\x94', '\x47', '\x40', '\x04',
-      '\x00', '\x00', '\x00', '\x00', '\x00', '\x00', '\x8c', '\x01', '\x64', '\x94', '\x88',
-      '\x8c', '\x01', '\x65', '\x94', '\x4a', '\xfd', '\xff', '\xff', '\xff', '\x8c', '\x01',
-      '\x66', '\x94', '\x8a', '\x06', '\x00', '\x00', '\x00', '\x00', '\x00', '\x01', '\x75',
-      '\x2e'};
+  std::string bytes = {
+      '\x80', '\x04', '\x95', '\x41', '\x00', '\x00', '\x00', '\x00', '\x00', '\x00', '\x00',
+      '\x7d', '\x94', '\x28', '\x8c', '\x01', '\x61', '\x94', '\x5d', '\x94', '\x28', '\x4b',
+      '\x01', '\x8c', '\x01', '\x78', '\x94', '\x68', '\x03', '\x65', '\x8c', '\x01', '\x62',
+      '\x94', '\x4e', '\x8c', '\x01', '\x63', '\x94', '\x47', '\x40', '\x04', '\x00', '\x00',
+      '\x00', '\x00', '\x00', '\x00', '\x8c', '\x01', '\x64', '\x94', '\x88', '\x8c', '\x01',
+      '\x65', '\x94', '\x4a', '\xfd', '\xff', '\xff', '\xff', '\x8c', '\x01', '\x66', '\x94',
+      '\x8a', '\x06', '\x00', '\x00', '\x00', '\x00', '\x00', '\x01', '\x75', '\x2e'};
   std::string why;
   PickleRef v = read_pickle(bytes, &why);
   ASSERT_TRUE(v) << why;
@@ -60,9 +60,14 @@ TEST(PickleReader, ReadsGpustitchsOwnWriter) {
 TEST(PickleReader, RefusesCodeAndTruncation) {
   std::string why;
   // GLOBAL 'os system': a pickle that would run code.
-  EXPECT_FALSE(read_pickle(std::string("\x80\x02" "cos\nsystem\n."), &why));
+  EXPECT_FALSE(read_pickle(std::string("\x80\x02"
+                                       "cos\nsystem\n."),
+                           &why));
   EXPECT_NE(why.find("unsupported pickle opcode 0x63"), std::string::npos) << why;
-  EXPECT_FALSE(read_pickle(std::string("\x80\x04}\x94(\x8c\x05" "ab", 8), &why));
+  EXPECT_FALSE(read_pickle(std::string("\x80\x04}\x94(\x8c\x05"
+                                       "ab",
+                                       8),
+                           &why));
   EXPECT_NE(why.find("truncated"), std::string::npos) << why;
 }
 
@@ -76,7 +81,9 @@ TEST(SnapshotTrace, TruncatedRingIsReconstructedAndReported) {
       {"free_requested", 0x2000, 6 * MB, 7, 14}, {"free_completed", 0x2000, 6 * MB, 7, 15},
   };
   std::vector<test::FixtureSegment> segments = {
-      {0x1000, 40 * MB, {{0x3000, 8 * MB, 8 * MB, "active_allocated"}, {0x4000, 2 * MB, 0, "inactive"}}}};
+      {0x1000,
+       40 * MB,
+       {{0x3000, 8 * MB, 8 * MB, "active_allocated"}, {0x4000, 2 * MB, 0, "inactive"}}}};
   std::string bytes = test::Protocol4Pickler().dump_snapshot(segments, {ring});
   trace::Trace tr;
   SnapshotImport rep;
