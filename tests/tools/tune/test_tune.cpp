@@ -2,8 +2,10 @@
 // traces whose answers are known: one a max_split_size_mb setting saves from an OOM, one nothing
 // can save, the recorded trace README quotes, and a PyTorch snapshot fixture.
 #include <gtest/gtest.h>
+
 #include <sys/wait.h>
 #include <unistd.h>
+#include <cmath>
 
 #include <cstdio>
 #include <fstream>
@@ -128,6 +130,40 @@ TEST(Tune, RecordedTraceAt190GiBRecommendsMaxSplit128) {
     ASSERT_FALSE(r["unusable_free_at_peak"].is_null()) << r;
     EXPECT_LE(r["unusable_free_at_peak"].get<double>(), r["idle_cache_at_peak"].get<double>()) << r;
   }
+}
+
+// A real snapshot: tools/gpu/tune_check.py on the H200 (torch 2.11, driver 580, 2026-12-01)
+// recorded a GPT's training with torch.cuda.memory._dump_snapshot() under PyTorch's default
+// allocator, and then ran the same training under each setting named below. What
+// torch.cuda.max_memory_reserved() said there is what the tuner must predict, within 5%.
+TEST(Tune, RecordedSnapshotPredictsThePeakReservedMeasuredOnTheGpu) {
+  int rc = 0;
+  auto j = tune_json(
+      std::string(GPUSTITCH_TRACES) + "/../snapshots/gpt_train_h200.pickle --capacity-gb 139.8",
+      &rc);
+  ASSERT_EQ(rc, 0) << j;
+  EXPECT_FALSE(j["snapshot"]["truncated"].get<bool>());
+  const std::uint64_t measured_default = 15627976704;     // PyTorch default, on the GPU
+  const std::uint64_t measured_expandable = 14661189632;  // expandable_segments:True
+  auto near = [](std::uint64_t predicted, std::uint64_t measured) {
+    const double d = static_cast<double>(predicted) - static_cast<double>(measured);
+    return std::abs(d) <= 0.05 * static_cast<double>(measured);
+  };
+  bool saw_default = false, saw_expandable = false;
+  for (const auto& r : j["settings"]) {
+    const auto peak = r["peak_reserved_bytes"].get<std::uint64_t>();
+    if (r["setting"] == "default") {
+      saw_default = true;
+      EXPECT_TRUE(near(peak, measured_default)) << peak;
+    } else if (r["setting"] == "expandable_segments:True") {
+      saw_expandable = true;
+      EXPECT_TRUE(near(peak, measured_expandable)) << peak;
+    }
+  }
+  EXPECT_TRUE(saw_default && saw_expandable);
+  EXPECT_EQ(j["recommendation"]["pytorch_cuda_alloc_conf"], "expandable_segments:True");
+  EXPECT_TRUE(
+      near(j["recommendation"]["peak_reserved_bytes"].get<std::uint64_t>(), measured_expandable));
 }
 
 TEST(Tune, NothingSavesAJobWhoseLiveTensorsExceedTheDevice) {
