@@ -71,7 +71,7 @@ struct Chunk {
   std::size_t partial_index = SIZE_MAX;  // position in its class's partial list
 };
 
-// Supplies and takes back chunks (implemented by DevicePool).
+// Supplies and takes back chunks (DevicePool::ArenaChunks: one per arena and call).
 class ChunkSource {
  public:
   virtual ~ChunkSource() = default;
