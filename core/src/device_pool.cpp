@@ -71,8 +71,8 @@ DevicePool::DevicePool(Backend& backend, const Config& config, int device, PoolO
       config_(config),
       device_(device),
       observer_(observer),
-      heap_(backend, device, heap_options(backend, config, device), &node_pool_),
-      chunks_(backend, device, chunk_heap_options(backend, device), &node_pool_),
+      heap_(backend, device, heap_options(backend, config, device)),
+      chunks_(backend, device, chunk_heap_options(backend, device)),
       reclaimer_([this] { return fence_pass(); }) {
   granularity_ = backend_.granularity(device_);
   std::size_t free = 0, total = 0;
@@ -290,9 +290,9 @@ Block* DevicePool::take_from(LargeHeap& heap, FreeSet& set, std::size_t rounded,
   probe.size = rounded;
   probe.ptr = 0;
   const std::size_t max_split = config_.max_split_size;
-  auto it = set.lower_bound(&probe);
+  auto it = set.lower_bound(probe);
   if (it == set.end()) return nullptr;
-  Block* b = *it;
+  Block* b = &*it;
   if (rounded < max_split && b->size >= max_split) return nullptr;
   if (rounded >= max_split && b->size >= rounded + kLargeBuffer) return nullptr;
   // Oversize blocks are used whole (max_split_size); others are cut at the request.
@@ -303,9 +303,9 @@ Block* DevicePool::take_from(LargeHeap& heap, FreeSet& set, std::size_t rounded,
     if (pending) {
       // The remainder stays queued for its fence, right where b was, and reusable by the stream.
       fq_insert_after(b, rest);
-      set.insert(rest);
+      set.insert(*rest);
     } else {
-      heap.free_blocks().insert(rest);
+      heap.free_blocks().insert(*rest);
     }
   }
   if (pending) {
@@ -465,8 +465,8 @@ std::string DevicePool::validate() const {
     return "bytes_reserved is not the heaps'";
   }
   for (const auto& [stream, set] : stream_free_) {
-    for (const Block* b : set) {
-      if (b->state != BlockState::pending || b->stream != stream) {
+    for (const Block& b : set) {
+      if (b.state != BlockState::pending || b.stream != stream) {
         return "a stream's pending set holds a block that is not its pending block";
       }
     }

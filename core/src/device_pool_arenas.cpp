@@ -231,7 +231,13 @@ void DevicePool::to_device_pending(Block* b) noexcept {
   b->state = BlockState::pending;
   fq_push(b);
   stats_.bytes_pending += b->size;
-  if (b->stream != kAnyStream) stream_free_[b->stream].insert(b);
+  if (b->stream == kAnyStream) return;
+  // A stream's first pending block makes its set (one map node; the sets are intrusive). Without
+  // host memory for it the block waits for its fence like a cudaFree-semantics one.
+  try {
+    stream_free_[b->stream].insert(*b);
+  } catch (...) {
+  }
 }
 
 bool DevicePool::drain_large_caches() noexcept {

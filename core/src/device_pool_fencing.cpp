@@ -19,7 +19,9 @@ void DevicePool::promote(std::uint64_t epoch) noexcept {
     stats_.bytes_pending -= b->size;
     if (b->stream != kAnyStream) {
       auto it = stream_free_.find(b->stream);
-      if (it != stream_free_.end()) it->second.erase(b);
+      if (it != stream_free_.end() && b->free_hook.is_linked()) {
+        it->second.erase(it->second.iterator_to(*b));
+      }
     }
     make_free(b);
   }
