@@ -11,7 +11,9 @@
 Reads what run_e2e.sh leaves in OUTDIR: meta.json, logs/status.tsv (config, phase, status,
 seconds), logs/<config>.<ladder|timed>.out (train_seqlen.py's output: "rung {json}" lines and a
 final JSON line), logs/<config>.timed.err (the shim's exit summary), logs/common_batch,
-logs/replay_status and replay.json (`gpustitch replay --json --gpu`).
+logs/<config>.hf.out and .err (tools/gpu/hf_workloads.py train: one JSON line with tokens_per_s,
+peak_allocated, peak_reserved, ratio, source), logs/hf_status, logs/replay_status and replay.json
+(`gpustitch replay --json --gpu`).
 
 Issue 7's targets (item 4) are checked from the same run and each is marked PASS or MISS; a MISS
 is where gpustitch loses a comparison, and the table says so.
@@ -121,6 +123,94 @@ def md_escape(s):
     return str(s).replace("|", "\\|")
 
 
+def last_line(text):
+    """The last non-empty line of text (a traceback's exception line), or None."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else None
+
+
+def hf_results(outdir, meta, st):
+    """Phase C: per configuration, hf_workloads.py train's JSON result and how the run ended."""
+    phase = read(os.path.join(outdir, "logs", "hf_status")).strip() or (
+        "not run" if meta.get("hf", True) else "skipped (--no-hf)")
+    rows = []
+    for name in meta.get("configs", []):
+        s = st.get((name, "hf"))
+        status = s["status"] if s else (phase if phase.startswith("skipped") else "not run")
+        res = last_json(read(os.path.join(outdir, "logs", f"{name}.hf.out"))) if s else None
+        ok = bool(res) and status == "ok" and res.get("tokens_per_s") is not None \
+            and res.get("peak_reserved") is not None
+        err = None
+        if s and not ok and not status.startswith("skipped"):
+            err = last_line(read(os.path.join(outdir, "logs", f"{name}.hf.err")))
+        rows.append({"config": name, "status": status, "seconds": s["seconds"] if s else None,
+                     "ok": ok, "result": res if ok else None, "error": err})
+    by = {r["config"]: r for r in rows}
+    base = by.get(DEFAULT)
+    base = base["result"] if base and base["ok"] else None
+    for r in rows:
+        res = r["result"] or {}
+        r["reserved_over_allocated"] = ratio(res.get("peak_reserved"), res.get("peak_allocated"))
+        r["reserved_over_demand"] = ratio(res.get("peak_reserved"),
+                                          base and base.get("peak_allocated"))
+        r["tokens_per_s_vs_default"] = ratio(res.get("tokens_per_s"),
+                                             base and base.get("tokens_per_s"))
+    return {"status": phase, "steps": meta.get("hf_steps"), "warmup": meta.get("hf_warmup"),
+            "demand_bytes": base and base.get("peak_allocated"), "configs": rows}
+
+
+def hf_markdown(hf):
+    L = ["### HF Llama training", ""]
+    rows = hf["configs"]
+    if not any(r["status"] != "not run" and not r["status"].startswith("skipped")
+               for r in rows):
+        L.append(f"Not run: {hf['status']}.")
+        return L
+    L.append(f"`tools/gpu/hf_workloads.py train --steps {hf.get('steps', '?')} --warmup "
+             f"{hf.get('warmup', '?')}` under each configuration's environment and prefix: "
+             "hf_workloads.py's defaults: HuggingFace transformers `LlamaForCausalLM` from a "
+             "config (8 layers, d_model 768, 12 heads, 4 key/value heads, vocab 32000), AdamW, "
+             "bf16 autocast, batch 2, sequence length drawn from 256..8192 per step; no balloon "
+             "(the figures are absolute, not within the GPT's budget); tokens/s over the steps "
+             f"after the warm-up ({hf['status']}).")
+    L.append("")
+    L.append("| configuration | peak allocated (GiB) | peak reserved (GiB) | "
+             "reserved / allocated | reserved / demand | tokens/s | vs default | notes |")
+    L.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        res = r["result"] or {}
+        notes = []
+        if r["status"].startswith("skipped") or r["status"] == "not run":
+            notes.append(r["status"])
+        elif not r["ok"]:
+            notes.append("no result line" if r["status"] == "ok" else f"failed: {r['status']}")
+            if r["error"]:
+                notes.append(r["error"][:160])
+        elif res.get("source") == "gpustitch":
+            notes.append("figures: pool (gpustitch_get_stats)")
+        elif r["config"].startswith("gpustitch"):
+            notes.append(f"**pool not active** (figures: {res.get('source')})")
+        ok = r["ok"]
+        L.append("| " + " | ".join([
+            md_escape(r["config"]),
+            gib(res.get("peak_allocated")) if ok else "-",
+            gib(res.get("peak_reserved")) if ok else "-",
+            fmt_ratio(r["reserved_over_allocated"]),
+            fmt_ratio(r["reserved_over_demand"]),
+            f"{res['tokens_per_s']:,.0f}" if ok else "-",
+            fmt_ratio(r["tokens_per_s_vs_default"]),
+            md_escape("; ".join(notes)),
+        ]) + " |")
+    L.append("")
+    L.append("Peak allocated and reserved are each allocator's own figures: PyTorch's statistics, "
+             "or the pool's `peak_allocated` / `peak_reserved` where the shim is active (under "
+             "`--keep-framework-cache` the pool's allocated is PyTorch's cached segments, so "
+             "reserved / allocated there says nothing about PyTorch's cache). Demand = "
+             "pytorch-default's peak allocated: *reserved / demand* compares device memory "
+             "across rows.")
+    return L
+
+
 def write(outdir):
     meta = json.loads(read(os.path.join(outdir, "meta.json"), "{}") or "{}")
     st = statuses(outdir)
@@ -212,8 +302,9 @@ def write(outdir):
             replay = {"error": "replay.json is not JSON", "text": rj[:2000]}
     replay_status = read(os.path.join(outdir, "logs", "replay_status")).strip() or "not run"
 
+    hf = hf_results(outdir, meta, st)
     doc = {"meta": meta, "common_batch": common, "demand_bytes": demand, "configs": rows,
-           "targets": targets, "replay_status": replay_status, "replay": replay}
+           "targets": targets, "hf_train": hf, "replay_status": replay_status, "replay": replay}
     with open(os.path.join(outdir, "e2e.json"), "w") as f:
         json.dump(doc, f, indent=1)
 
@@ -320,6 +411,8 @@ def write(outdir):
         for name, s in summaries:
             L.append(f"- {name}: `{s}`")
     L.append("")
+    L.extend(hf_markdown(hf))
+    L.append("")
     L.append("### Trace replay on the GPU")
     L.append("")
     if replay and "policies" in replay:
@@ -355,12 +448,12 @@ def brief(path):
     r = last_json(text) or {}
     parts = []
     for key in ("max_ok_batch", "stopped", "batch", "steps_completed", "tokens_per_s", "oom",
-                "error"):
+                "error", "source", "ratio"):
         if r.get(key) not in (None, False, ""):
             parts.append(f"{key}={r[key]}")
-    for key in ("peak_allocated_bytes", "peak_reserved_bytes"):
+    for key in ("peak_allocated_bytes", "peak_reserved_bytes", "peak_allocated", "peak_reserved"):
         if r.get(key) is not None:
-            parts.append(f"{key[:-6]}={gib(r[key])}GiB")
+            parts.append(f"{key.removesuffix('_bytes')}={gib(r[key])}GiB")
     if not r:
         n = len(rungs(text))
         parts.append(f"no result line ({n} rungs)")

@@ -4,7 +4,7 @@
 #   bench/gpu/e2e/run_e2e.sh BUILD OUTDIR [--quick] [--dry-run] [--only REGEX] [--budget-gb G]
 #                            [--ladder LIST] [--ladder-steps N] [--steps N] [--warmup N]
 #                            [--time-budget S] [--trace FILE] [--synthetic-capacity-gb G]
-#                            [--no-replay]
+#                            [--no-replay] [--no-hf] [--hf-steps N]
 #
 #   BUILD          build folder (relative to the repo root or absolute) holding
 #                  preload/libgpustitch.so and tools/gpustitch (e.g. .devbuild from
@@ -20,22 +20,29 @@
 #   --ladder-steps steps each rung must complete without OOM (default 12)
 #   --steps        steps of the timed run at the common batch (default 16), --warmup of them
 #                  untimed (default 3)
-#   --time-budget  seconds the whole script may take (default 330; --quick: 100); each run gets
-#                  its share of what is left, and work that no longer fits is skipped and
-#                  marked so in the table
+#   --time-budget  seconds the whole script may take (default 450; --quick: 160; with --no-hf
+#                  330 and 100); each run gets its share of what is left, and work that no
+#                  longer fits is skipped and marked so in the table
 #   --trace FILE   replay this allocation trace (capacity: the budget) instead of recording one
 #   --synthetic-capacity-gb G  device size for the synthetic trace replayed when no trace could
 #                  be recorded (default 12)
 #   --no-replay    skip the trace replay
+#   --no-hf        skip the HuggingFace training phase (C)
+#   --hf-steps N   steps of each HuggingFace training run (default 12; --quick: 5), the first 2
+#                  untimed
 #
 # Phases: (A) per configuration, the batch ladder in one process (train_seqlen.py --ladder), which
 # stops at the first OOM; (B) the common batch = the largest batch every configuration survived,
 # and per configuration a fresh timed run there: peak allocated, peak reserved, fragmentation,
-# tokens/s; (C) if `gpustitch replay` exists: a trace recorded from the shim run at the common
+# tokens/s; (C) if transformers imports: per configuration a HuggingFace Llama-style training run,
+# `tools/gpu/hf_workloads.py train --steps N --warmup 2` (batch 2, lengths 256..8192, no balloon),
+# under the configuration's environment and prefix: peak allocated, peak reserved, tokens/s
+# (configurations that need an option hf_workloads.py lacks, e.g. --pluggable, are skipped and
+# marked so); (D) if `gpustitch replay` exists: a trace recorded from the shim run at the common
 # batch (no balloon), replayed on the GPU with the budget as capacity (`gpustitch replay --gpu`):
 # peak reserved and time per operation for native cudaMalloc, cudaMallocAsync and gpustitch (if
 # the shim wrote no trace, the synthetic transformer trace of `replay --generate` instead);
-# (D) report.py writes OUTDIR/e2e.md and OUTDIR/e2e.json.
+# (E) report.py writes OUTDIR/e2e.md and OUTDIR/e2e.json.
 #
 # Everything is addressed relative to the repo root this script lives in, so the repo and its
 # build folder can be copied to any absolute path.
@@ -46,7 +53,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../../.." && pwd)
 cd "$ROOT" || exit 2
 
-usage() { sed -n '2,40p' "$0"; }
+usage() { sed -n '2,47p' "$0"; }
 POS=()
 QUICK=0
 DRY=0
@@ -59,6 +66,9 @@ WARMUP=3
 TIME_BUDGET=""
 TRACE=""
 REPLAY=1
+HF=1
+HF_STEPS=""
+HF_WARMUP=2
 SYNTH_CAP_GB=12
 PY=${PYTHON:-python3}
 while (($#)); do
@@ -74,6 +84,8 @@ while (($#)); do
     --time-budget) TIME_BUDGET=$2; shift 2 ;;
     --trace) TRACE=$2; shift 2 ;;
     --no-replay) REPLAY=0; shift ;;
+    --no-hf) HF=0; shift ;;
+    --hf-steps) HF_STEPS=$2; shift 2 ;;
     --synthetic-capacity-gb) SYNTH_CAP_GB=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     -*) echo "run_e2e: unknown option $1" >&2; usage >&2; exit 2 ;;
@@ -87,14 +99,21 @@ OUTDIR=${POS[1]}
 [[ $OUTDIR = /* ]] || OUTDIR=$CALLER_PWD/$OUTDIR
 if ((QUICK)); then
   STEPS=5; WARMUP=2
-  [[ -n $TIME_BUDGET ]] || TIME_BUDGET=100
+  [[ -n $HF_STEPS ]] || HF_STEPS=5
+  [[ -n $TIME_BUDGET ]] || TIME_BUDGET=$( ((HF)) && echo 160 || echo 100)
 fi
-[[ -n $TIME_BUDGET ]] || TIME_BUDGET=330
+[[ -n $HF_STEPS ]] || HF_STEPS=12
+[[ -n $TIME_BUDGET ]] || TIME_BUDGET=$( ((HF)) && echo 450 || echo 330)
+if ! [[ $HF_STEPS =~ ^[0-9]+$ ]] || ((HF_STEPS <= HF_WARMUP)); then
+  echo "run_e2e: --hf-steps must be a number above $HF_WARMUP (the untimed warm-up steps)" >&2
+  exit 2
+fi
 [[ -n $TRACE && $TRACE != /* ]] && TRACE=$CALLER_PWD/$TRACE
 
 LIB=$BUILD/preload/libgpustitch.so
 GS=$BUILD/tools/gpustitch
 TRAIN=$HERE/train_seqlen.py
+HFW=$ROOT/tools/gpu/hf_workloads.py
 LOGS=$OUTDIR/logs
 SHIM_CONF=log_level:info
 HAVE_SHIM=0
@@ -122,14 +141,18 @@ NCONF=${#SELECTED[@]}
 is_shim() { [[ $1 == gpustitch* ]]; }
 
 # ---- time keeping: phase ends as fractions of the budget; each run gets a fair share ---------
+# With the HF phase the default budget is larger (450 s, quick 160 s) and the fractions are such
+# that the GPT phases keep about the seconds they have without it (330 s: 55% / 88%).
 T0=$SECONDS
-if ((QUICK)); then
-  END_A=$T0
-  END_B=$((T0 + TIME_BUDGET * 80 / 100))
-else
-  END_A=$((T0 + TIME_BUDGET * 55 / 100))
-  END_B=$((T0 + TIME_BUDGET * 88 / 100))
+PCT_A=55 PCT_B=88 PCT_H=88
+((QUICK)) && PCT_A=0 PCT_B=80 PCT_H=80
+if ((HF)); then
+  PCT_A=40 PCT_B=64 PCT_H=91
+  ((QUICK)) && PCT_A=0 PCT_B=50 PCT_H=88
 fi
+END_A=$((T0 + TIME_BUDGET * PCT_A / 100))
+END_B=$((T0 + TIME_BUDGET * PCT_B / 100))
+END_H=$((T0 + TIME_BUDGET * PCT_H / 100))
 END_C=$((T0 + TIME_BUDGET - 8))
 MIN_RUN=12   # seconds: less than this cannot start python + torch + CUDA and do a few steps
 ((QUICK)) && MIN_RUN=10
@@ -147,20 +170,44 @@ if ((!DRY)); then
 fi
 log() { echo "run_e2e [$((SECONDS - T0))s]: $*" >&2; }
 
+# split_cfg CONFIG: sets NAME and the arrays ENV_A, PRE_A, EXTRA_A from a CONFIGS entry.
+split_cfg() {
+  local rest envs prefix extra
+  NAME=${1%%|*}; rest=${1#*|}
+  envs=${rest%%|*}; rest=${rest#*|}
+  prefix=${rest%%|*}; extra=${rest#*|}
+  ENV_A=() PRE_A=() EXTRA_A=()
+  read -r -a ENV_A <<<"$envs"
+  read -r -a PRE_A <<<"$prefix"
+  read -r -a EXTRA_A <<<"$extra"
+}
+
 # run_cfg CONFIG PHASE SECONDS ARGS...: runs train_seqlen.py in a configuration with a timeout.
 run_cfg() {
   local c=$1 phase=$2 secs=$3; shift 3
-  local name rest envs prefix extra
-  name=${c%%|*}; rest=${c#*|}
-  envs=${rest%%|*}; rest=${rest#*|}
-  prefix=${rest%%|*}; extra=${rest#*|}
-  local env_a=() pre_a=() extra_a=()
-  read -r -a env_a <<<"$envs"
-  read -r -a pre_a <<<"$prefix"
-  read -r -a extra_a <<<"$extra"
+  split_cfg "$c"
+  local cmd=(env PYTHONUNBUFFERED=1 "${ENV_A[@]}" timeout -k 5 "$secs" "${PRE_A[@]}" "$PY" "$TRAIN"
+             --config "$NAME" "${EXTRA_A[@]}" "$@" --time-limit $((secs > 6 ? secs - 3 : 3)))
+  run_cmd "$NAME" "$phase" "$secs" "${cmd[@]}"
+}
+
+# run_hf CONFIG SECONDS: runs hf_workloads.py train in a configuration with a timeout (it has no
+# time limit of its own; the configuration's extra arguments are for train_seqlen.py and are
+# checked against hf_workloads.py before this is called).
+run_hf() {
+  local c=$1 secs=$2
+  split_cfg "$c"
+  local cmd=(env PYTHONUNBUFFERED=1 "${ENV_A[@]}" timeout -k 5 "$secs" "${PRE_A[@]}" "$PY" "$HFW"
+             train --steps "$HF_STEPS" --warmup "$HF_WARMUP")
+  run_cmd "$NAME" hf "$secs" "${cmd[@]}"
+}
+
+# run_cmd NAME PHASE SECONDS COMMAND...: runs (or, --dry-run, prints) one command, output in
+# logs/NAME.PHASE.out and .err, and appends its row to status.tsv.
+run_cmd() {
+  local name=$1 phase=$2 secs=$3; shift 3
+  local cmd=("$@")
   local base=$LOGS/$name.$phase
-  local cmd=(env PYTHONUNBUFFERED=1 "${env_a[@]}" timeout -k 5 "$secs" "${pre_a[@]}" "$PY" "$TRAIN"
-             --config "$name" "${extra_a[@]}" "$@" --time-limit $((secs > 6 ? secs - 3 : 3)))
   if ((DRY)); then
     printf '%q ' "${cmd[@]}"; echo
     return 0
@@ -196,25 +243,31 @@ CMDLINE="bench/gpu/e2e/run_e2e.sh ${BUILD#"$ROOT"/} OUTDIR"
 [[ -n $ONLY ]] && CMDLINE+=" --only '$ONLY'"
 CMDLINE+=" --budget-gb $BUDGET_GB --ladder $LADDER --ladder-steps $LADDER_STEPS --steps $STEPS"
 CMDLINE+=" --warmup $WARMUP --time-budget $TIME_BUDGET"
+((HF)) && CMDLINE+=" --hf-steps $HF_STEPS" || CMDLINE+=" --no-hf"
+((REPLAY)) || CMDLINE+=" --no-replay"
 if ((DRY)); then
   echo "# plan: $NCONF configurations, time budget ${TIME_BUDGET}s," \
        "shim: $([[ $HAVE_SHIM == 1 ]] && echo "${LIB#"$ROOT"/}" || echo "not found (skipped)")"
-  echo "# phase A (ladder) until ${TIME_BUDGET}*$( ((QUICK)) && echo 0 || echo 55)%," \
-       "phase B (common batch) until 88%, phase C (replay) until the end"
+  echo "# phase A (ladder) until ${TIME_BUDGET}*${PCT_A}%," \
+       "phase B (common batch) until ${PCT_B}%," \
+       "$( ((HF)) && echo "phase C (HF training) until ${PCT_H}%," || echo "phase C (HF) skipped,")" \
+       "phase D (replay) until the end"
 fi
 NAMES=()
 for c in "${SELECTED[@]}"; do NAMES+=("${c%%|*}"); done
 if ((!DRY)); then
   "$PY" - "$OUTDIR/meta.json" "$GPU" "$CMDLINE" "$BUDGET_GB" "$LADDER" "$LADDER_STEPS" "$STEPS" \
-    "$WARMUP" "$QUICK" "${LIB#"$ROOT"/}" "$HAVE_SHIM" "${NAMES[@]}" <<'EOF'
+    "$WARMUP" "$QUICK" "${LIB#"$ROOT"/}" "$HAVE_SHIM" "$HF" "$HF_STEPS" "$HF_WARMUP" \
+    "${NAMES[@]}" <<'EOF'
 import datetime, json, platform, sys
-(out, gpu, cmd, budget, ladder, lsteps, steps, warmup, quick, lib, have_shim), names = \
-    sys.argv[1:12], sys.argv[12:]
+(out, gpu, cmd, budget, ladder, lsteps, steps, warmup, quick, lib, have_shim, hf, hf_steps,
+ hf_warmup), names = sys.argv[1:15], sys.argv[15:]
 json.dump({"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "gpu": gpu, "host": platform.node(), "command": cmd, "budget_gb": float(budget),
            "ladder": ladder, "ladder_steps": int(lsteps), "steps": int(steps),
            "warmup": int(warmup), "quick": quick == "1", "shim_library": lib,
-           "have_shim": have_shim == "1", "configs": names}, open(out, "w"), indent=1)
+           "have_shim": have_shim == "1", "hf": hf == "1", "hf_steps": int(hf_steps),
+           "hf_warmup": int(hf_warmup), "configs": names}, open(out, "w"), indent=1)
 EOF
   # Warm the file cache and the driver once, so the first configuration does not pay for it.
   log "warming up: import torch, CUDA init"
@@ -257,7 +310,68 @@ else
   done
 fi
 
-# ---- phase C: trace replay on the GPU ------------------------------------------------------------
+# ---- phase C: HuggingFace Llama training --------------------------------------------------------
+# hf_supports CONFIG: true if hf_workloads.py accepts every extra option of the configuration
+# (the options train_seqlen.py takes, e.g. --pluggable); its --help runs before torch is imported.
+HF_HELP=""
+hf_supports() {
+  split_cfg "$1"
+  local o
+  for o in "${EXTRA_A[@]}"; do
+    [[ $o == --* ]] || continue
+    [[ -n $HF_HELP ]] || HF_HELP=$("$PY" "$HFW" --help 2>&1)
+    [[ $HF_HELP == *"$o"* ]] || { HF_MISSING=$o; return 1; }
+  done
+  return 0
+}
+HF_STATUS="not run"
+if ((!HF)); then
+  HF_STATUS="skipped (--no-hf)"
+elif [[ ! -f $HFW ]]; then
+  HF_STATUS="skipped: no ${HFW#"$ROOT"/}"
+else
+  HF_OK=1
+  if ((!DRY)); then
+    # Once: is transformers there? (Also warms the file cache for the first configuration.)
+    secs=$(share "$END_H" $((NCONF + 1)))
+    if ((secs == 0)); then
+      HF_OK=0; HF_STATUS="skipped: time budget spent"
+    elif ! timeout -k 5 "$secs" "$PY" -c 'import transformers; print(transformers.__version__)' \
+           >"$LOGS/hf-check.out" 2>&1; then
+      HF_OK=0
+      why=$(tail -n1 "$LOGS/hf-check.out" | cut -c1-160)
+      HF_STATUS="skipped: transformers does not import ($why)"
+    else
+      HF_STATUS="transformers $(tail -n1 "$LOGS/hf-check.out" | cut -c1-40)"
+    fi
+    ((HF_OK)) || log "HF training: $HF_STATUS"
+  else
+    echo "# phase C: HF Llama training, $HF_STEPS steps (the first $HF_WARMUP untimed), no balloon"
+    HF_STATUS="dry run"
+  fi
+  if ((HF_OK)); then
+    HF_RUN=()
+    for c in "${SELECTED[@]}"; do
+      if ! hf_supports "$c"; then
+        what="skipped: ${HFW##*/} has no $HF_MISSING"
+        if ((DRY)); then echo "# $NAME: $what"
+        else printf '%s\thf\t%s\t0\n' "$NAME" "$what" >>"$STATUS"; fi
+      else
+        HF_RUN+=("$c")
+      fi
+    done
+    i=0
+    for c in "${HF_RUN[@]}"; do
+      secs=$(share "$END_H" $((${#HF_RUN[@]} - i)))
+      ((DRY)) && secs=60
+      run_hf "$c" "$secs"
+      i=$((i + 1))
+    done
+  fi
+fi
+((DRY)) || echo "$HF_STATUS" >"$LOGS/hf_status"
+
+# ---- phase D: trace replay on the GPU ------------------------------------------------------------
 REPLAY_STATUS="not run"
 if ((!REPLAY)); then
   REPLAY_STATUS="skipped (--no-replay)"
@@ -322,7 +436,7 @@ else
 fi
 ((DRY)) || echo "$REPLAY_STATUS" >"$LOGS/replay_status"
 
-# ---- phase D: report ------------------------------------------------------------------------------
+# ---- phase E: report ------------------------------------------------------------------------------
 if ((DRY)); then
   echo "$PY $HERE/report.py write $OUTDIR"
   exit 0

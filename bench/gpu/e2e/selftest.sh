@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # selftest.sh: runs run_e2e.sh end to end without a GPU, against stand-ins, to check the plumbing:
-# argument handling, time shares, the common batch, the status of each run, the trace replay
-# phase, and that report.py writes e2e.md / e2e.json with the expected rows and target results.
+# argument handling, time shares, the common batch, the status of each run, the HuggingFace
+# training phase, the trace replay phase, and that report.py writes e2e.md / e2e.json with the
+# expected rows and target results.
 #
 #   bench/gpu/e2e/selftest.sh
 #
 # Stand-ins (in a temporary directory): a "python" that answers train_seqlen.py with made-up
-# results (each configuration OOMs at its own batch; the shim's pluggable run crashes on purpose)
-# and passes everything else to python3; a build folder whose tools/gpustitch implements
+# results (each configuration OOMs at its own batch; the shim's pluggable run crashes on purpose),
+# answers tools/gpu/hf_workloads.py train with made-up results in its JSON format (the
+# configuration told apart by its environment; max-split-128mb fails with an OOM on purpose) and
+# `import transformers` with success (failure with SELFTEST_NO_TRANSFORMERS=1), and passes
+# everything else to python3; a build folder whose tools/gpustitch implements
 # `run [--keep-framework-cache] -- CMD` (exec) and `replay --json` (a fixed JSON answer).
+# Then the real train_seqlen.py and hf_workloads.py on fake_torch/ (a shape-only torch and
+# transformers).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 TMP=$(mktemp -d)
@@ -31,6 +37,36 @@ chmod +x "$TMP/build/tools/gpustitch"
 
 cat >"$TMP/bin/python" <<'EOF'
 #!/usr/bin/env bash
+if [[ ${1:-} == -c && ${2:-} == *"import transformers"* ]]; then
+  if [[ -n ${SELFTEST_NO_TRANSFORMERS:-} ]]; then
+    echo "ModuleNotFoundError: No module named 'transformers'" >&2; exit 1
+  fi
+  echo "0.0-stub"; exit 0
+fi
+if [[ ${1:-} == *hf_workloads.py && ${2:-} == train ]]; then
+  if [[ -n ${SELFTEST_SHIM:-} && -n ${SELFTEST_KEEP:-} ]]; then cfg=gpustitch+pytorch-cache
+  elif [[ -n ${SELFTEST_SHIM:-} ]]; then cfg=gpustitch
+  elif [[ -n ${GPUSTITCH_LIB:-} ]]; then cfg=gpustitch-pluggable
+  else cfg=${PYTORCH_CUDA_ALLOC_CONF:-pytorch-default}; fi
+  case $cfg in
+    pytorch-default) tps=64000 alloc=13.1 res=24.45 src=torch ;;
+    expandable_segments:True) tps=63000 alloc=13.1 res=14.5 src=torch ;;
+    backend:cudaMallocAsync) tps=60000 alloc=13.1 res=15 src=torch ;;
+    gpustitch+pytorch-cache) tps=62000 alloc=24.4 res=24.6 src=gpustitch ;;
+    gpustitch) tps=57600 alloc=13.2 res=14 src=gpustitch ;;
+    max_split_size_mb:128)
+      printf 'Traceback (most recent call last):\n  File "hf_workloads.py"\n' >&2
+      echo "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB" >&2; exit 1 ;;
+    *) echo "selftest: hf_workloads.py run for $cfg, which it has no mode for" >&2; exit 3 ;;
+  esac
+  python3 -c 'import json, sys
+t, a, r, s = sys.argv[1:]
+G = 1 << 30
+print(json.dumps({"mode": "train", "tokens_per_s": float(t), "source": s,
+                  "peak_allocated": int(float(a) * G), "peak_reserved": int(float(r) * G),
+                  "ratio": round(float(r) / float(a), 4)}))' "$tps" "$alloc" "$res" "$src"
+  exit 0
+fi
 if [[ ${1:-} != *train_seqlen.py ]]; then exec python3 "$@"; fi
 shift
 config="" ladder="" batch="" trace=0
@@ -95,7 +131,10 @@ PYTHON=$TMP/bin/python "$HERE/run_e2e.sh" "$TMP/build" "$TMP/out" --time-budget 
 md=$TMP/out/e2e.md
 check "e2e.md and e2e.json written" test -s "$md" -a -s "$TMP/out/e2e.json"
 check "common batch is the smallest survived batch (5)" grep -qx 5 "$TMP/out/logs/common_batch"
-check "7 configuration rows" test "$(grep -cE '^\| (pytorch-default|expandable-segments|max-split-128mb|cudaMallocAsync|gpustitch\+pytorch-cache|gpustitch|gpustitch-pluggable) \|' "$md")" -eq 7
+ROWS_RE='^\| (pytorch-default|expandable-segments|max-split-128mb|cudaMallocAsync|gpustitch\+pytorch-cache|gpustitch|gpustitch-pluggable) \|'
+# section SECTION_HEADING FILE: the lines of one "### " section of e2e.md (the GPT table: "").
+section() { awk -v h="$1" '/^### /{cur=substr($0,5)} cur==h' "$2"; }
+check "7 configuration rows" test "$(section "" "$md" | grep -cE "$ROWS_RE")" -eq 7
 check "ladder maximum of gpustitch is 7" grep -q '^| gpustitch | 7 |' "$md"
 check "crashed pluggable run reported, not fatal" grep -q '^| gpustitch-pluggable | 0 (crashed)' "$md"
 check "reserved over demand of gpustitch (20.2/20)" grep -q '^| gpustitch | 7 | 20.10 | 20.20 | 0.5% | 1.010 |' "$md"
@@ -109,18 +148,54 @@ check "the recorded trace is replayed" grep -q 'train-trace.csv (3 lines), capac
   "$TMP/out/logs/replay_status"
 check "shim summaries quoted" grep -q 'gpustitch: summary device 0' "$md"
 check "e2e.json parses" python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['common_batch']=='5'" "$TMP/out/e2e.json"
+hf=$(section "HF Llama training" "$md")
+check "HF table: 7 configuration rows" test "$(grep -cE "$ROWS_RE" <<<"$hf")" -eq 7
+check "HF table: gpustitch row (14.00/13.20, 14.00/13.10, 57600/64000)" \
+  grep -q '^| gpustitch | 13.20 | 14.00 | 1.061 | 1.069 | 57,600 | 0.900 | figures: pool' <<<"$hf"
+check "HF table: default is its own reference" \
+  grep -q '^| pytorch-default | 13.10 | 24.45 | 1.866 | 1.866 | 64,000 | 1.000 |' <<<"$hf"
+check "HF table: failed run shown as failed, with its error" \
+  grep -q '^| max-split-128mb | - | - | - | - | - | - | failed: exit 1; torch.OutOfMemoryError' \
+  <<<"$hf"
+check "HF table: pluggable skipped, hf_workloads.py has no --pluggable" \
+  grep -q '^| gpustitch-pluggable | - .*skipped: hf_workloads.py has no --pluggable' <<<"$hf"
+check "HF runs: the shim's under gpustitch run, logs and status rows" \
+  grep -q 'gpustitch run -- .*hf_workloads.py train --steps 12 --warmup 2' \
+  "$TMP/out/logs/gpustitch.hf.out"
+check "HF status rows: 5 ok, 1 exit 1, 1 skipped" \
+  test "$(awk -F'\t' '$2=="hf"{print $3}' "$TMP/out/logs/status.tsv" | sort | uniq -c |
+          awk '{printf "%s:%s ", $1, $2}')" = "1:exit 5:ok 1:skipped: "
+check "e2e.json: hf_train figures" python3 -c "
+import json, sys
+h = {r['config']: r for r in json.load(open(sys.argv[1]))['hf_train']['configs']}
+assert len(h) == 7 and h['gpustitch']['ok'] and not h['max-split-128mb']['ok']
+assert abs(h['gpustitch']['tokens_per_s_vs_default'] - 0.9) < 1e-9
+assert h['gpustitch']['result']['source'] == 'gpustitch'
+assert h['gpustitch-pluggable']['status'].startswith('skipped')" "$TMP/out/e2e.json"
 
 # --only and --dry-run: commands printed, nothing written.
 out=$("$HERE/run_e2e.sh" "$TMP/build" "$TMP/dry" --dry-run --only '^gpustitch$')
 check "dry run writes nothing" test ! -e "$TMP/dry"
 check "dry run prints the shim command" grep -q 'gpustitch run -- ' <<<"$out"
 check "--only selects one configuration" test "$(grep -c 'train_seqlen.py --config' <<<"$out")" -eq 3
+check "dry run prints the HF command" \
+  grep -q 'gpustitch run -- .*hf_workloads.py train --steps 12 --warmup 2' <<<"$out"
+out=$("$HERE/run_e2e.sh" "$TMP/build" "$TMP/dry" --dry-run --no-hf --hf-steps 7)
+check "--no-hf: no HF command" test "$(grep -c 'hf_workloads.py' <<<"$out")" -eq 0
+out=$("$HERE/run_e2e.sh" "$TMP/build" "$TMP/dry" --dry-run --only default --hf-steps 7)
+check "--hf-steps sets the steps" grep -q 'hf_workloads.py train --steps 7 --warmup 2' <<<"$out"
+# shellcheck disable=SC2016  # the inner script's own arguments
+check "--hf-steps must exceed the warm-up" \
+  bash -c '! "$1" "$2" "$3" --dry-run --hf-steps 2 2>/dev/null' _ \
+  "$HERE/run_e2e.sh" "$TMP/build" "$TMP/dry"
 
 # Quick: no ladder, batch 2.
 PYTHON=$TMP/bin/python "$HERE/run_e2e.sh" "$TMP/build" "$TMP/quick" --quick --no-replay \
   >"$TMP/quick.log" 2>&1 || { cat "$TMP/quick.log"; fail=1; }
 check "quick run uses batch 2 and no ladder" test ! -e "$TMP/quick/logs/pytorch-default.ladder.out" -a \
   -s "$TMP/quick/logs/pytorch-default.timed.out"
+check "quick run: HF training of 5 steps" grep -q 'hf_workloads.py train --steps 5 --warmup 2' \
+  "$TMP/quick/logs/pytorch-default.hf.out"
 # The real train_seqlen.py on the shape-only fake torch (fake_torch/): OOM above 5 x 8192 tokens.
 out2=$TMP/real
 PYTHONPATH=$HERE/fake_torch FAKE_TORCH_TOKENS=$((5 * 8192)) "$HERE/run_e2e.sh" "$TMP/build" "$out2" \
@@ -132,13 +207,21 @@ check "train_seqlen.py on fake torch: timed runs measured tokens/s" \
   test "$(grep -l '"tokens_per_s"' "$out2"/logs/*.timed.out | wc -l)" -eq 7
 check "pluggable without statistics: reported as unavailable, not invented" \
   grep -q '"peak_reserved_source": "unavailable"' "$out2/logs/gpustitch-pluggable.timed.out"
+check "hf_workloads.py on fake torch/transformers: 6 runs gave a result" \
+  test "$(grep -l '"tokens_per_s"' "$out2"/logs/*.hf.out | wc -l)" -eq 6
+check "hf_workloads.py on fake torch/transformers: reported against the default" \
+  grep -q '^| pytorch-default | .* | 1.000 |' <(section "HF Llama training" "$out2/e2e.md")
 
 # An empty trace: the synthetic one is replayed instead.
-PYTHON=$TMP/bin/python "$HERE/run_e2e.sh" "$TMP/build" "$TMP/synth" --only '^gpustitch$' \
+SELFTEST_NO_TRANSFORMERS=1 PYTHON=$TMP/bin/python \
+  "$HERE/run_e2e.sh" "$TMP/build" "$TMP/synth" --only '^gpustitch$' \
   --trace "$TMP/empty.csv" --time-budget 100 >"$TMP/synth.log" 2>&1 || { cat "$TMP/synth.log"; fail=1; }
 check "no usable trace: synthetic trace replayed on 12 GiB" \
   grep -q 'synthetic trace (--generate; .* is empty or missing), capacity 12 GiB' \
   "$TMP/synth/logs/replay_status"
+check "no transformers: HF phase skipped and said so" \
+  grep -q "^Not run: skipped: transformers does not import (ModuleNotFoundError" \
+  <(section "HF Llama training" "$TMP/synth/e2e.md")
 
 if ((fail == 0)); then echo "selftest: all passed"; else echo "selftest: FAILED"; cat "$TMP/run.log"; fi
 exit "$fail"

@@ -1,4 +1,5 @@
-"""A stand-in for the parts of PyTorch train_seqlen.py uses, for selftest.sh on machines without
+"""A stand-in for the parts of PyTorch train_seqlen.py (and, with ../transformers,
+tools/gpu/hf_workloads.py train) uses, for selftest.sh on machines without
 PyTorch or a GPU. Tensors carry only a shape; memory is modelled as tokens in flight: a forward
 pass with batch * length above $FAKE_TORCH_TOKENS raises OutOfMemoryError, as a real device
 would past its budget. It checks train_seqlen.py's control flow (ladder, OOM handling, time
@@ -36,6 +37,15 @@ class Tensor:
         n = math.prod(self.shape)
         known = math.prod(s for s in shape if s != -1)
         return Tensor(tuple(n // known if s == -1 else s for s in shape))
+
+    def permute(self, *dims):
+        return Tensor(tuple(self.shape[d] for d in dims))
+
+    def __len__(self):
+        return self.shape[0]
+
+    def __iter__(self):
+        return iter(self.unbind(0))
 
     def unbind(self, dim):
         return tuple(Tensor(self.shape[:dim] + self.shape[dim + 1:])
@@ -138,13 +148,13 @@ class _Cuda:
         pass
 
     @staticmethod
-    def max_memory_allocated(i):
+    def max_memory_allocated(i=0):
         if _state["pluggable"]:
             raise RuntimeError("CUDAPluggableAllocator does not yet support getDeviceStats")
         return _state["balloon"] + _state["peak"] * 400_000
 
     @staticmethod
-    def max_memory_reserved(i):
+    def max_memory_reserved(i=0):
         return _Cuda.max_memory_allocated(i) + _GIB
 
 
