@@ -53,7 +53,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../../.." && pwd)
 cd "$ROOT" || exit 2
 
-usage() { sed -n '2,47p' "$0"; }
+usage() { sed -n '2,48p' "$0"; }
 POS=()
 QUICK=0
 DRY=0
