@@ -211,30 +211,34 @@ LargeRow pool_fresh(gpustitch::Backend& backend, std::size_t size, int reps) {
   return row;
 }
 
-// One stitched allocation of size: a pool capped at size holds it as cached pieces of piece
-// bytes, so it can only be served by stitching them.
+// One stitched allocation of size: the pool holds 2 x size/piece handles of piece bytes, every
+// other one live, under a cap of 2 x size, so the request fits in no free block and no fresh
+// memory is allowed: it can only be served by moving the idle handles of the holes side by side.
+// (Pieces freed next to each other would merge into one cached block: a cache hit, not a stitch.)
 LargeRow pool_stitched(gpustitch::Backend& backend, std::size_t size, std::size_t piece, int reps) {
   char what[96];
   std::snprintf(what, sizeof what, "pool, stitched from %zu x %zu MiB", size / piece, piece / MiB);
   LargeRow row{what, size};
   std::vector<double> t;
   gpustitch::Config config;
-  config.cap = size;
+  config.cap = 2 * size;
+  config.segment_size = piece;  // every piece is one handle of its own
+  config.max_handle = 0;
   for (int r = 0; r < reps; ++r) {
     gpustitch::Pool pool(backend, config);
-    std::vector<DevPtr> pieces(size / piece);
+    std::vector<DevPtr> pieces(2 * (size / piece));
     for (auto& p : pieces) {
       if (pool.allocate(0, piece, gpustitch::kAnyStream, &p) != gpustitch::Status::ok) {
         row.note = "could not fill the cap with pieces";
         return row;
       }
     }
-    for (DevPtr p : pieces) pool.deallocate(p);
+    for (std::size_t i = 1; i < pieces.size(); i += 2) pool.deallocate(pieces[i]);
     pool.drain_pending(0);
-    if (!time_one_allocation(pool, size, &gpustitch::DeviceStats::stitches,
-                             "not served by a stitch", &row, &t)) {
-      return row;
-    }
+    const bool ok = time_one_allocation(pool, size, &gpustitch::DeviceStats::stitches,
+                                        "not served by a stitch", &row, &t);
+    for (std::size_t i = 0; i < pieces.size(); i += 2) pool.deallocate(pieces[i]);
+    if (!ok) return row;
   }
   row.pool_us = summarize(t).median;
   row.ok = row.note.empty();
