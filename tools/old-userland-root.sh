@@ -3,7 +3,7 @@
 # minimal Debian bullseye root (glibc 2.31, python3.9), from Debian's package registry with
 # mmdebstrap (apt-get install mmdebstrap), as root. Usage: tools/old-userland-root.sh DIR
 # Reuses DIR when a previous run completed it (the stamp lists what it was built with), so CI
-# builds it once and every stage and rerun reuses it. About 40 s and 150 MB.
+# builds it once and every stage and rerun reuses it. About a minute (40-70 s) and 140 MB.
 set -euo pipefail
 dir="${1:?usage: $0 DIR}"
 suite=bullseye
