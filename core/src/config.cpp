@@ -94,6 +94,14 @@ const std::vector<KeySpec>& key_specs() {
          if (!parse_u64(v, &n) || n > 65536) return false;
          return c.fresh_handles = static_cast<unsigned>(n), true;
        }},
+      {"max_handle_mb", "a size in MiB, 0 (no limit) or between 2 and 1048576",
+       [](std::string_view v, Config& c) {
+         std::size_t s;
+         if (!parse_scaled(v, MiB, &s) || (s != 0 && (s < 2 * MiB || s > 1024 * GiB))) {
+           return false;
+         }
+         return c.max_handle = s, true;
+       }},
       {"stitching", "on or off",
        [](std::string_view v, Config& c) { return parse_bool(v, &c.stitching); }},
       {"reclaim", "thread or inline",

@@ -21,11 +21,18 @@
 //     handles. Reserved memory therefore grows only when the idle memory the pool holds cannot
 //     make up the request, not whenever the device has free memory;
 //   - cuMemSetAccess runs once per backed gap, not per handle;
-//   - fresh memory for one gap is one handle, or handles of at most max_handle: on an H200 one
-//     handle costs ~12 us to create (188 us for 2 GiB), ~1-2 us to map and ~27 us to set access
-//     (155 us for 2 GiB) whatever its size (../docs/address-space.md), so a fresh block of any size
-//     costs a few handles' worth, near cudaMalloc's 0.08-0.6 ms for 256 MiB-4 GiB; smaller
-//     max_handle makes more of the memory movable later at more calls per fresh block;
+//   - fresh memory for one gap comes in handles of max(min_handle, gap / max_fresh_handles),
+//     none larger than max_handle (20 MiB by default, expandable segments' page). The trade-off:
+//     on an H200 a handle costs ~12 us to create, ~1-2 us to map and ~27-32 us of
+//     cuMemSetAccess whatever its size (one call over a range costs what one call per handle
+//     does; ../docs/address-space.md), so a fresh 256 MiB block of 64 handles costs ~2.5 ms
+//     against cudaMalloc's 0.08 ms; but a live block pins the free rest of every handle it
+//     touches (the driver maps handles whole), so large handles leave free memory that can
+//     neither move nor serve a larger request. In replay with 64 handles per gap and no cap
+//     (2 GiB gaps got 32 MiB handles, 4 GiB ones 64 MiB), hf_llama_train needed a 13.19 GiB
+//     device (expandable segments: 12.69); with the 20 MiB cap 13.13 (12.94 with the scan
+//     below), and the generated seeds' trace at 4% headroom went from 2 out-of-memory errors to
+//     none;
 //   - moving a handle costs a cuMemUnmap (~18 us), a cuMemMap and its share of one
 //     cuMemSetAccess, and no create/release: reserved stays the same. Expandable segments instead
 //     release and re-create pages, and only at out-of-memory;
@@ -47,7 +54,10 @@
 namespace gpustitch::detail {
 
 namespace {
-constexpr std::size_t kMaxScanBlocks = 64;    // free blocks examined for idle handles per miss
+// Free blocks examined for idle handles per miss. 64 was too few: a 2 GiB request among
+// scattered 32 MiB holes, each holding at most one idle 20 MiB handle, could not gather its
+// handles and the pool gave its cache back instead (SeedsScenario in tests/core/pool_test.cpp).
+constexpr std::size_t kMaxScanBlocks = 1024;
 constexpr std::size_t kMaxCandidates = 1024;  // idle handles considered per miss
 
 DevPtr align_down(DevPtr v, std::size_t a) {
@@ -55,12 +65,8 @@ DevPtr align_down(DevPtr v, std::size_t a) {
 }
 }  // namespace
 
-LargeHeap::LargeHeap(Backend& backend, int device, const Options& options,
-                     std::pmr::memory_resource* nodes) noexcept
-    : options_(options),
-      space_(backend, device, options.granularity),
-      backing_(backend, device),
-      free_(nodes) {
+LargeHeap::LargeHeap(Backend& backend, int device, const Options& options) noexcept
+    : options_(options), space_(backend, device, options.granularity), backing_(backend, device) {
   try {
     candidates_.reserve(kMaxCandidates);
     chosen_.reserve(256);
@@ -82,15 +88,15 @@ void LargeHeap::make_free(Block* b) noexcept {
   b->state = BlockState::free;
   b->stream = kAnyStream;
   if (Block* p = b->prev; p != nullptr && p->state == BlockState::free) {
-    free_.erase(p);
+    free_.erase(free_.iterator_to(*p));
     space_.absorb_next(p);
     b = p;
   }
   if (Block* n = b->next; n != nullptr && n->state == BlockState::free) {
-    free_.erase(n);
+    free_.erase(free_.iterator_to(*n));
     space_.absorb_next(b);
   }
-  free_.insert(b);
+  free_.insert(*b);
 }
 
 bool LargeHeap::place(std::size_t rounded, Window* w) const noexcept {
@@ -133,7 +139,7 @@ void LargeHeap::collect_idle(const Window& w, std::size_t rounded, std::size_t w
   candidates_.clear();
   std::size_t found = 0, scanned = 0;
   for (auto it = free_.rbegin(); it != free_.rend() && scanned < kMaxScanBlocks; ++it, ++scanned) {
-    const Block* b = *it;
+    const Block* b = &*it;
     if (b == w.prev || b == w.next || b->size < options_.granularity || !usable_for(b, rounded)) {
       continue;
     }
@@ -151,13 +157,13 @@ void LargeHeap::collect_idle(const Window& w, std::size_t rounded, std::size_t w
 
 bool LargeHeap::carve(Handle* h) noexcept {
   Block* b = space_.block_at(h->at);
-  free_.erase(b);
+  free_.erase(free_.iterator_to(*b));
   if (b->ptr < h->at) {
     Block* rest = space_.split(b, h->at - b->ptr);
-    free_.insert(b);
+    free_.insert(*b);
     b = rest;
   }
-  if (b->size > h->size) free_.insert(space_.split(b, h->size));
+  if (b->size > h->size) free_.insert(*space_.split(b, h->size));
   space_.set_unbacked(b);
   space_.merge_unbacked(b);
   return true;
@@ -210,10 +216,11 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
   }
   const std::size_t fresh = remaining;
   if (fresh > fresh_allowance) return Status::out_of_memory;
-  // Handles of at least min_handle, and at most max_fresh_handles of them for one gap.
+  // Handles of at least min_handle, at most max_handle, and as few as max_fresh_handles allow.
   const std::size_t per_gap = std::max<std::size_t>(options_.max_fresh_handles, 1);
-  const std::size_t max_handle =
-      std::max({align_up(options_.min_handle, g), g, align_up(fresh / per_gap, g)});
+  const std::size_t smallest = std::max(align_up(options_.min_handle, g), g);
+  const std::size_t max_handle = std::max(
+      smallest, std::min(align_up(fresh / per_gap, g), align_down(options_.max_handle, g)));
   const std::size_t fresh_count = (fresh + max_handle - 1) / max_handle;
   // Nodes for every split below (the window's, two per moved handle, two per handle a failed
   // rollback may leave mapped), so that no step fails half-way for want of host memory.
@@ -306,13 +313,13 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
     make_free(u);
   }
   Block* b = space_.block_at(w.start);
-  free_.erase(b);
+  free_.erase(free_.iterator_to(*b));
   if (b->ptr < w.start) {
     Block* rest = space_.split(b, w.start - b->ptr);
-    free_.insert(b);
+    free_.insert(*b);
     b = rest;
   }
-  if (b->size > rounded) free_.insert(space_.split(b, rounded));
+  if (b->size > rounded) free_.insert(*space_.split(b, rounded));
   b->state = BlockState::allocated;
   for (std::size_t i = chosen_.size() - created; i < chosen_.size(); ++i) {
     growth->fresh_bytes += chosen_[i]->size;
@@ -335,8 +342,8 @@ std::size_t LargeHeap::idle_bytes() const noexcept {
 std::size_t LargeHeap::idle_bound() const noexcept {
   const std::size_t g = options_.granularity;
   std::size_t total = backing_.spare_bytes();
-  for (const Block* b : free_) {
-    const DevPtr lo = align_up(b->ptr, g), hi = align_down(b->end(), g);
+  for (const Block& b : free_) {
+    const DevPtr lo = align_up(b.ptr, g), hi = align_down(b.end(), g);
     if (hi > lo) total += hi - lo;
   }
   return total;
@@ -415,8 +422,9 @@ std::string LargeHeap::validate() const {
       if (unbacked != b->unbacked_hook.is_linked()) return fail("unbacked index", b);
       if (b->state == BlockState::free) {
         ++free_count;
-        if (free_.find(const_cast<Block*>(b)) == free_.end())
+        if (!b->free_hook.is_linked() || free_.find(*b) == free_.end()) {
           return fail("free block not indexed", b);
+        }
       }
       if (unbacked) {
         if (b->ptr % options_.granularity != 0 || b->size % options_.granularity != 0) {

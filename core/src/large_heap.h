@@ -6,6 +6,8 @@
 // backing policy) -> AddressSpace (blocks) + Backing (handles) -> Backend.
 #pragma once
 
+#include <boost/intrusive/set.hpp>
+
 #include <memory_resource>
 #include <set>
 #include <string>
@@ -22,9 +24,10 @@ class LargeHeap {
     std::size_t granularity = 2 * MiB;
     std::size_t span_size = 0;  // the first reservation; 0: twice the device's memory
     // Fresh memory for one gap: handles of min_handle, or of 1/max_fresh_handles of the gap when
-    // that is larger (large_heap.cpp: the trade-off).
+    // that is larger, but none above max_handle (large_heap.cpp: the trade-off).
     std::size_t min_handle = 2 * MiB;
     std::size_t max_fresh_handles = 64;
+    std::size_t max_handle = SIZE_MAX;
     bool move = true;  // back requests with idle handles moved from elsewhere
     // PyTorch's max_split_size_mb: free blocks at least this large serve only requests at least
     // this large, and their handles do not move for smaller ones.
@@ -40,14 +43,18 @@ class LargeHeap {
   };
 
   struct BySize {
-    bool operator()(const Block* a, const Block* b) const {
-      return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
+    bool operator()(const Block& a, const Block& b) const {
+      return a.size != b.size ? a.size < b.size : a.ptr < b.ptr;
     }
   };
-  using FreeSet = std::pmr::set<Block*, BySize>;
+  // Intrusive (Block::free_hook): inserting and erasing allocate nothing, so the free and
+  // allocation paths, all noexcept, cannot fail for want of host memory here.
+  using FreeSet =
+      boost::intrusive::set<Block,
+                            boost::intrusive::member_hook<Block, AddressHook, &Block::free_hook>,
+                            boost::intrusive::compare<BySize>>;
 
-  LargeHeap(Backend& backend, int device, const Options& options,
-            std::pmr::memory_resource* nodes) noexcept;
+  LargeHeap(Backend& backend, int device, const Options& options) noexcept;
   Status init(std::size_t device_total) noexcept;  // reserves the first span
 
   bool contains(DevPtr ptr) const noexcept { return space_.contains(ptr); }
@@ -55,7 +62,7 @@ class LargeHeap {
 
   // Fenced free blocks, by size (DevicePool's best fit reads and cuts them).
   FreeSet& free_blocks() noexcept { return free_; }
-  std::size_t largest_free() const noexcept { return free_.empty() ? 0 : (*free_.rbegin())->size; }
+  std::size_t largest_free() const noexcept { return free_.empty() ? 0 : free_.rbegin()->size; }
   // b keeps [0,size), the rest is returned (b's state); nullptr: no host memory, nothing changed.
   Block* split(Block* b, std::size_t size) noexcept { return space_.split(b, size); }
   // b becomes free: merged with free neighbours and indexed by size.

@@ -76,3 +76,16 @@ TEST(Config, LargeCacheBudgetInMiBAndZeroTurnsItOff) {
   EXPECT_NE(r.errors[0].find("large_cache_mb"), std::string::npos);
   EXPECT_EQ(r.config.large_cache, 256 * MiB);
 }
+
+TEST(Config, HandleSizeKeys) {
+  auto r = parse_config("segment_mb:4,fresh_handles:0,max_handle_mb:64");
+  EXPECT_TRUE(r.errors.empty());
+  EXPECT_EQ(r.config.segment_size, 4 * MiB);
+  EXPECT_EQ(r.config.fresh_handles, 0u);
+  EXPECT_EQ(r.config.max_handle, 64 * MiB);
+  EXPECT_EQ(parse_config("max_handle_mb:0").config.max_handle, 0u) << "0: no limit";
+  EXPECT_EQ(Config{}.max_handle, 20 * MiB);
+  auto bad = parse_config("max_handle_mb:1,fresh_handles:70000");
+  EXPECT_EQ(bad.errors.size(), 2u);
+  EXPECT_EQ(bad.config.max_handle, 20 * MiB) << "a rejected value leaves the default";
+}

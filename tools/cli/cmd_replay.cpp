@@ -3,7 +3,14 @@
 // peak reserved/allocated, fragmentation (1 - allocated/reserved) at peak and on average, the
 // out-of-memory count and the time per operation. --plot writes allocated vs reserved over time.
 // --generate FILE writes the synthetic transformer trace (tools/replay/generator.h) first.
+// TRACE may also be a PyTorch memory snapshot (tools/replay/snapshot_trace.h).
+// Input is checked before any work: a capacity that is not positive, an unknown policy, a plot
+// extension that cannot be written and a trace with no allocation events in it are usage errors
+// (exit 2, one line); with --gpu, a policy that cannot run here (no GPU) fails the command.
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -17,6 +24,7 @@
 #include "plot.h"
 #include "policy.h"
 #include "replayer.h"
+#include "trace_input.h"
 
 namespace gpustitch::cli {
 namespace {
@@ -34,6 +42,7 @@ struct ReplayArgs {
   bool gpu = false;
   bool whole_handles = false;
   std::string conf;
+  int plot_width = 1000, plot_height = 540;
 };
 
 std::vector<std::string> split_names(const std::vector<std::string>& in) {
@@ -60,8 +69,38 @@ int run_replay(const ReplayArgs& a, const GlobalOptions& g) {
       std::cout << p.name << (p.default_on ? " (default)" : "") << ": " << p.description << "\n";
     return kOk;
   }
+  if (!(a.capacity_gb > 0)) {
+    std::cerr << "gpustitch replay: --capacity-gb must be a positive number of GiB\n";
+    return kUsage;
+  }
+  if (a.steps <= 0) {
+    std::cerr << "gpustitch replay: --steps must be positive\n";
+    return kUsage;
+  }
+  if (a.max_split_mb < 0) {
+    std::cerr << "gpustitch replay: --max-split-mb must not be negative\n";
+    return kUsage;
+  }
+  if (!a.plot.empty()) {
+    std::string why;
+    if (!plot_path_supported(a.plot, &why)) {
+      std::cerr << "gpustitch replay: --plot: " << why << "\n";
+      return kUsage;
+    }
+    if (a.plot_width < 400 || a.plot_height < 200) {
+      std::cerr << "gpustitch replay: --plot-width must be at least 400 and --plot-height 200\n";
+      return kUsage;
+    }
+  }
+  for (const auto& name : split_names(a.policies)) {
+    if (find_policy(name) == nullptr) {
+      std::cerr << "gpustitch replay: unknown policy '" << name << "' (see --list-policies)\n";
+      return kUsage;
+    }
+  }
   std::string path = a.trace;
   trace::Trace tr;
+  bool has_time = false;
   if (!a.generate.empty()) {
     TransformerTraceParams params;
     params.steps = a.steps;
@@ -78,12 +117,26 @@ int run_replay(const ReplayArgs& a, const GlobalOptions& g) {
     std::cerr << "gpustitch replay: give a TRACE file (or --generate FILE)\n";
     return kUsage;
   }
+  if (!a.generate.empty() && path == a.generate) has_time = true;
   if (a.generate.empty() || path != a.generate) {
     std::string why;
-    if (!trace::read_trace_file(path, &tr, &why)) {
-      std::cerr << "gpustitch replay: " << why << "\n";
-      return kNotFound;
+    TraceInput in;
+    switch (read_trace_input(path, &in, &why)) {
+      case TraceInputStatus::ok:
+        break;
+      case TraceInputStatus::cannot_open:
+        std::cerr << "gpustitch replay: " << why << "\n";
+        return kNotFound;
+      case TraceInputStatus::malformed:
+        std::cerr << "gpustitch replay: " << why << "\n";
+        return kUsage;
     }
+    tr = std::move(in.trace);
+    has_time = in.has_time;
+    if (in.snapshot && in.snapshot->truncated())
+      std::cerr << path << ": the snapshot's ring buffer was truncated: "
+                << in.snapshot->lost_allocs + in.snapshot->unrecorded_live
+                << " blocks live before the record began are replayed as allocated at its start\n";
   }
   for (const auto& e : tr.errors)
     std::cerr << path << ":" << e.line << ": skipped: " << e.reason << "\n";
@@ -121,6 +174,16 @@ int run_replay(const ReplayArgs& a, const GlobalOptions& g) {
   }
   std::vector<ReplayResult> results;
   std::vector<std::uint64_t> min_caps;
+  // A progress line on stderr once the work has run a second (bisections can take minutes).
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  auto progress = [&](std::size_t done, const std::string& what) {
+    if (clock::now() - start < std::chrono::seconds(1)) return;
+    std::fprintf(stderr, "gpustitch replay: %zu/%zu policies done, %s, %.0f s\n", done,
+                 names.size(), what.c_str(),
+                 std::chrono::duration<double>(clock::now() - start).count());
+  };
+  int unavailable = 0;
   for (const auto& name : names) {
     const PolicySpec* spec = find_policy(name);
     if (spec == nullptr) {
@@ -131,20 +194,39 @@ int run_replay(const ReplayArgs& a, const GlobalOptions& g) {
     auto policy = spec->make(env, &why);
     if (!policy) {
       std::cerr << "gpustitch replay: policy " << name << " unavailable: " << why << "\n";
+      ++unavailable;
       continue;
     }
     results.push_back(replay_trace(tr, *policy));
+    progress(results.size(), name + " replayed");
     if (a.min_capacity) {
       std::uint64_t upper = std::max<std::uint64_t>(env.capacity, 2 * results.back().peak_reserved);
+      progress(results.size() - 1, name + ": bisecting its smallest device");
       min_caps.push_back(replay::min_capacity(tr, *spec, env, upper));
     }
+  }
+  if (a.gpu && unavailable > 0) {
+    std::cerr << "gpustitch replay: --gpu: " << unavailable
+              << " policies could not run on the GPU (see above)\n";
+    return kProblem;
+  }
+  if (results.empty()) {
+    std::cerr << "gpustitch replay: no policy could run\n";
+    return kProblem;
   }
 
   if (!a.plot.empty()) {
     std::string why;
-    std::string title = "allocated vs reserved: " + path + " (" + gib(env.capacity) + " device)";
-    if (!write_plot(results, title, static_cast<double>(env.capacity), a.plot, &why))
+    PlotOptions po;
+    po.title = "allocated vs reserved: " + path + " (" + gib(env.capacity) + " device)";
+    po.capacity_bytes = static_cast<double>(env.capacity);
+    po.time_axis = has_time;
+    po.width = a.plot_width;
+    po.height = a.plot_height;
+    if (!write_plot(results, po, a.plot, &why)) {
       std::cerr << "gpustitch replay: " << why << "\n";
+      return kProblem;
+    }
   }
 
   if (g.json) {
@@ -200,39 +282,42 @@ int run_replay(const ReplayArgs& a, const GlobalOptions& g) {
       std::printf("%s: smallest device without OOM: %s\n", results[i].policy.c_str(),
                   min_caps[i] ? gib(min_caps[i]).c_str() : "none tried fits");
     }
+    if (!min_caps.empty()) std::printf("(smallest device: bisection to within 64 MiB)\n");
   }
   return kOk;
 }
 
-Registrar reg{"replay",
-              "Replay an allocation trace (RMM CSV) through gpustitch and baseline policies",
-              [](CLI::App& app, GlobalOptions& global) {
-                auto a = std::make_shared<ReplayArgs>();
-                app.add_option("trace", a->trace, "Trace file (RMM logging CSV)");
-                app.add_option("--capacity-gb", a->capacity_gb,
-                               "Simulated device capacity in GiB (default 80)");
-                app.add_option("--policy", a->policies,
-                               "Policies to replay, comma-separated (default: all default ones)");
-                app.add_option("--max-split-mb", a->max_split_mb,
-                               "max_split_size_mb for the pytorch-max-split policy (adds it)");
-                app.add_option("--plot", a->plot, "Write allocated vs reserved to FILE.svg|.png");
-                app.add_option("--generate", a->generate,
-                               "Write the synthetic transformer trace to FILE (and replay it)");
-                app.add_option("--steps", a->steps, "Steps of the synthetic trace (default 120)");
-                app.add_flag("--list-policies", a->list, "List the policies and exit");
-                app.add_flag("--gpu", a->gpu,
-                             "Replay on the GPU: gpustitch over the CUDA backend (cap = capacity) "
-                             "plus native cuda-malloc and cuda-malloc-async rows");
-                app.add_flag("--whole-handles", a->whole_handles,
-                             "Simulate a driver that cannot map at an offset into a handle (the "
-                             "H200 with driver 580), so only whole handles can be stitched");
-                app.add_option("--conf", a->conf,
-                               "GPUSTITCH_CONF-style settings for the gpustitch policies, e.g. "
-                               "segment_mb:64");
-                app.add_flag("--min-capacity", a->min_capacity,
-                             "Also find each policy's smallest device without OOM (bisection)");
-                return [a, &global]() { return run_replay(*a, global); };
-              }};
+Registrar reg{
+    "replay", "Replay an allocation trace (RMM CSV) through gpustitch and baseline policies",
+    [](CLI::App& app, GlobalOptions& global) {
+      auto a = std::make_shared<ReplayArgs>();
+      app.add_option("trace", a->trace, "Trace file (RMM logging CSV)");
+      app.add_option("--capacity-gb", a->capacity_gb,
+                     "Simulated device capacity in GiB (default 80)");
+      app.add_option("--policy", a->policies,
+                     "Policies to replay, comma-separated (default: all default ones)");
+      app.add_option("--max-split-mb", a->max_split_mb,
+                     "max_split_size_mb for the pytorch-max-split policy (adds it)");
+      app.add_option("--plot", a->plot, "Write allocated vs reserved to FILE.svg|.png");
+      app.add_option("--plot-width", a->plot_width, "Chart width in pixels (default 1000)");
+      app.add_option("--plot-height", a->plot_height, "Chart height in pixels (default 540)");
+      app.add_option("--generate", a->generate,
+                     "Write the synthetic transformer trace to FILE (and replay it)");
+      app.add_option("--steps", a->steps, "Steps of the synthetic trace (default 120)");
+      app.add_flag("--list-policies", a->list, "List the policies and exit");
+      app.add_flag("--gpu", a->gpu,
+                   "Replay on the GPU: gpustitch over the CUDA backend (cap = capacity) "
+                   "plus native cuda-malloc and cuda-malloc-async rows");
+      app.add_flag("--whole-handles", a->whole_handles,
+                   "Simulate a driver that cannot map at an offset into a handle (the "
+                   "H200 with driver 580), so only whole handles can be stitched");
+      app.add_option("--conf", a->conf,
+                     "GPUSTITCH_CONF-style settings for the gpustitch policies, e.g. "
+                     "segment_mb:64");
+      app.add_flag("--min-capacity", a->min_capacity,
+                   "Also find each policy's smallest device without OOM (bisection)");
+      return [a, &global]() { return run_replay(*a, global); };
+    }};
 
 }  // namespace
 }  // namespace gpustitch::cli

@@ -7,7 +7,13 @@
 namespace gpustitch::replay {
 
 CachingAllocatorModel::CachingAllocatorModel(std::size_t capacity, std::size_t max_split_size)
-    : capacity_(capacity), max_split_(max_split_size) {}
+    : CachingAllocatorModel(capacity, CachingOptions{max_split_size, 0, 0}) {}
+
+CachingAllocatorModel::CachingAllocatorModel(std::size_t capacity, const CachingOptions& options)
+    : capacity_(capacity),
+      max_split_(options.max_split_size),
+      divisions_(options.roundup_power2_divisions),
+      gc_threshold_(options.garbage_collection_threshold) {}
 
 CachingAllocatorModel::~CachingAllocatorModel() {
   std::vector<Block*> all;
@@ -20,6 +26,35 @@ CachingAllocatorModel::~CachingAllocatorModel() {
 std::size_t CachingAllocatorModel::round_size(std::size_t size) noexcept {
   if (size < kMinBlockSize) return kMinBlockSize;
   return align_up(size, kMinBlockSize);
+}
+
+std::size_t CachingAllocatorModel::round_size(std::size_t size, std::size_t divisions) noexcept {
+  if (size < kMinBlockSize) return kMinBlockSize;
+  if (divisions <= 1 || size <= kMinBlockSize * divisions) return align_up(size, kMinBlockSize);
+  // roundup_power2_next_division: divisions equal steps between power2_floor and twice it.
+  if ((size & (size - 1)) == 0) return size;
+  std::size_t floor = std::size_t{1} << (63 - __builtin_clzll(size));
+  std::size_t step = floor >> (63 - __builtin_clzll(divisions));
+  if (step == 0) return floor << 1;
+  std::size_t rounded_floor = size & ~(step - 1);
+  return rounded_floor == size ? size : rounded_floor + step;
+}
+
+std::uint64_t CachingAllocatorModel::largest_free_block() const noexcept {
+  // The pools are ordered by stream, then size: the largest of a stream is its last block, so
+  // only one lookup per stream (this runs at every new peak of a replay).
+  std::uint64_t best = 0;
+  for (const FreeSet* pool : {&large_free_, &small_free_}) {
+    auto it = pool->end();
+    while (it != pool->begin()) {
+      --it;
+      best = std::max<std::uint64_t>(best, (*it)->size);
+      Block first{0, 0, (*it)->stream, false};
+      it = pool->lower_bound(&first);
+    }
+    if (best > 0) break;  // a small block is never larger than a large one
+  }
+  return best;
 }
 
 std::size_t CachingAllocatorModel::segment_size(std::size_t rounded) noexcept {
@@ -36,6 +71,7 @@ bool CachingAllocatorModel::should_split(const Block* b, std::size_t size) const
 
 CachingAllocatorModel::Block* CachingAllocatorModel::find_free(FreeSet& pool, std::size_t size,
                                                                Stream stream) {
+  if (&pool == &large_free_) ++large_lookups_;
   Block key{0, size, stream, false};
   auto it = pool.lower_bound(&key);
   if (it == pool.end() || (*it)->stream != stream) return nullptr;
@@ -44,6 +80,7 @@ CachingAllocatorModel::Block* CachingAllocatorModel::find_free(FreeSet& pool, st
   if (size < max_split_ && b->size >= max_split_) return nullptr;
   if (size >= max_split_ && b->size >= size + kLargeBuffer) return nullptr;
   pool.erase(it);
+  b->gc_base = large_lookups_;  // denote the block has been used
   return b;
 }
 
@@ -51,6 +88,7 @@ CachingAllocatorModel::Block* CachingAllocatorModel::new_segment(std::size_t siz
                                                                  bool small) {
   if (reserved_ + size > capacity_) return nullptr;
   auto* b = new Block{next_addr_, size, stream, small};
+  b->gc_base = large_lookups_;
   next_addr_ += align_up(size, kRoundLarge) + kRoundLarge;  // keep segments apart
   reserved_ += size;
   peak_reserved_ = std::max(peak_reserved_, reserved_);
@@ -90,12 +128,46 @@ void CachingAllocatorModel::release_all_cached() {
   }
 }
 
+void CachingAllocatorModel::garbage_collect() {
+  // PyTorch's garbage_collect_cached_blocks: rounds over the whole free large segments, each
+  // releasing those that waited at least the current average, until reserved is under the
+  // threshold or a round releases nothing.
+  const auto threshold = static_cast<std::uint64_t>(gc_threshold_ * static_cast<double>(capacity_));
+  if (reserved_ <= threshold) return;
+  const std::uint64_t target = reserved_ - threshold;
+  double total_age = 0;
+  std::size_t freeable = 0;
+  for (const Block* b : large_free_)
+    if (b->prev == nullptr && b->next == nullptr) {
+      total_age += static_cast<double>(large_lookups_ - b->gc_base);
+      ++freeable;
+    }
+  std::uint64_t reclaimed = 0;
+  bool freed = true;
+  while (reclaimed < target && freed && freeable > 0) {
+    const double age_threshold = total_age / static_cast<double>(freeable);
+    freed = false;
+    for (auto it = large_free_.begin(); it != large_free_.end() && reclaimed < target;) {
+      Block* b = *it++;
+      const auto age = static_cast<double>(large_lookups_ - b->gc_base);
+      if (b->prev != nullptr || b->next != nullptr || age < age_threshold) continue;
+      freed = true;
+      reclaimed += b->size;
+      total_age -= age;
+      --freeable;
+      ++gc_releases_;
+      release_segment(large_free_, b);
+    }
+  }
+}
+
 std::uint64_t CachingAllocatorModel::allocate(std::size_t request, Stream stream) {
-  std::size_t size = round_size(request);
+  std::size_t size = round_size(request, divisions_);
   bool small = size <= kSmallSize;
   FreeSet& pool = small ? small_free_ : large_free_;
   Block* b = find_free(pool, size, stream);
   if (b == nullptr) {
+    if (gc_threshold_ > 0) garbage_collect();
     std::size_t seg = segment_size(size);
     b = new_segment(seg, stream, small);
     if (b == nullptr && max_split_ != SIZE_MAX) {
@@ -150,9 +222,16 @@ void CachingAllocatorModel::free(std::uint64_t addr) {
 }
 
 CachingPolicy::CachingPolicy(std::string name, const PolicyEnv& env, std::size_t max_split_size)
+    : CachingPolicy(std::move(name), env, CachingOptions{max_split_size, 0, 0}) {}
+
+CachingPolicy::CachingPolicy(std::string name, const PolicyEnv& env, const CachingOptions& options)
     : name_(std::move(name)) {
   for (int d = 0; d < env.devices; ++d)
-    devices_.push_back(std::make_unique<CachingAllocatorModel>(env.capacity, max_split_size));
+    devices_.push_back(std::make_unique<CachingAllocatorModel>(env.capacity, options));
+}
+
+std::uint64_t CachingPolicy::largest_free_block(int device) const {
+  return devices_[static_cast<std::size_t>(device)]->largest_free_block();
 }
 
 bool CachingPolicy::allocate(int device, std::size_t size, Stream stream, std::uint64_t* handle) {

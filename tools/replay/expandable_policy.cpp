@@ -250,6 +250,25 @@ std::uint64_t ExpandablePolicy::reserved(int device) const {
   return devices_[static_cast<std::size_t>(device)]->reserved();
 }
 
+std::uint64_t ExpandableSegmentsModel::largest_free_block() const noexcept {
+  // Ordered by stream, then size: one lookup per stream (runs at every new peak of a replay).
+  std::uint64_t best = 0;
+  for (const BlockPool* pool : {&large_, &small_}) {
+    auto it = pool->free.end();
+    while (it != pool->free.begin()) {
+      --it;
+      best = std::max<std::uint64_t>(best, (*it)->size);
+      Block first{0, 0, (*it)->stream, false, true};
+      it = pool->free.lower_bound(&first);
+    }
+  }
+  return best;
+}
+
+std::uint64_t ExpandablePolicy::largest_free_block(int device) const {
+  return devices_[static_cast<std::size_t>(device)]->largest_free_block();
+}
+
 std::uint64_t ExpandablePolicy::peak_reserved(int device) const {
   return devices_[static_cast<std::size_t>(device)]->peak_reserved();
 }

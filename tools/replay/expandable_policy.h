@@ -50,6 +50,8 @@ class ExpandableSegmentsModel {
   std::uint64_t maps() const noexcept { return maps_; }            // map calls (num_device_alloc)
   std::uint64_t unmaps() const noexcept { return unmaps_; }        // unmap calls (num_device_free)
   std::uint64_t segments() const noexcept { return segments_; }    // address ranges reserved
+  // The largest mapped free block (any stream, either pool).
+  std::uint64_t largest_free_block() const noexcept;
 
   static std::size_t round_size(std::size_t size) noexcept;
 
@@ -116,6 +118,7 @@ class ExpandablePolicy final : public ReplayPolicy {
   void deallocate(int device, std::uint64_t handle, std::size_t size, Stream stream) override;
   std::uint64_t reserved(int device) const override;
   std::uint64_t peak_reserved(int device) const override;
+  std::uint64_t largest_free_block(int device) const override;
   std::vector<std::pair<std::string, std::uint64_t>> counters(int devices) const override;
 
  private:

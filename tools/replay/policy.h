@@ -40,6 +40,14 @@ class ReplayPolicy {
     (void)device;
     return 0;
   }
+  // The largest block one request could be given out of the policy's cached memory (reserved,
+  // not allocated) on device now, without reserving more: what is left of the cache when this is
+  // taken out cannot serve a request as one block. kUnknownSize when the policy cannot tell.
+  static constexpr std::uint64_t kUnknownSize = UINT64_MAX;
+  virtual std::uint64_t largest_free_block(int device) const {
+    (void)device;
+    return kUnknownSize;
+  }
   // How the policy served the trace, by name (gpustitch: cache hits, fresh handles, stitches,
   // trims), summed over devices; empty when the policy keeps no such counts.
   virtual std::vector<std::pair<std::string, std::uint64_t>> counters(int devices) const {

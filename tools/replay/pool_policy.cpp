@@ -7,6 +7,8 @@
 #include <gpustitch/pool.h>
 #include <gpustitch/sim_backend.h>
 
+#include <algorithm>
+
 #include "policy.h"
 
 namespace gpustitch::replay {
@@ -16,7 +18,10 @@ namespace {
 class PoolPolicy final : public ReplayPolicy {
  public:
   PoolPolicy(std::string name, std::unique_ptr<Backend> backend, const Config& config)
-      : name_(std::move(name)), backend_(std::move(backend)), pool_(*backend_, config) {}
+      : name_(std::move(name)),
+        stitching_(config.stitching),
+        backend_(std::move(backend)),
+        pool_(*backend_, config) {}
 
   static std::unique_ptr<ReplayPolicy> make(std::string name, const PolicyEnv& env, bool stitching,
                                             std::string* why) {
@@ -61,6 +66,15 @@ class PoolPolicy final : public ReplayPolicy {
   std::uint64_t peak_reserved(int device) const override {
     return pool_.stats(device).peak_reserved;
   }
+  // With stitching, cached pieces combine into one block: the largest allocation that can
+  // succeed, bounded by the cache (it may count fresh device memory too); without, the largest
+  // cached block.
+  std::uint64_t largest_free_block(int device) const override {
+    const DeviceStats s = pool_.stats(device);
+    const std::uint64_t usable = s.bytes_cached - std::min(s.bytes_cached, s.bytes_pending);
+    if (stitching_) return std::min(s.largest_possible, usable);
+    return std::min(s.largest_free_block, usable);
+  }
   std::vector<std::pair<std::string, std::uint64_t>> counters(int devices) const override {
     std::uint64_t hits = 0, fresh = 0, stitches = 0, trims = 0;
     for (int d = 0; d < devices; ++d) {
@@ -85,6 +99,7 @@ class PoolPolicy final : public ReplayPolicy {
     return c;
   }
   std::string name_;
+  bool stitching_;
   std::unique_ptr<Backend> backend_;
   Pool pool_;
 };

@@ -37,6 +37,8 @@ ReplayResult replay_trace(const trace::Trace& trace, ReplayPolicy& policy,
   std::unordered_map<std::pair<int, std::uint64_t>, std::deque<LiveAlloc>, KeyHash> live;
   live.reserve(4096);
   std::uint64_t allocated = 0;
+  std::vector<std::uint64_t> allocated_on(static_cast<std::size_t>(devices), 0);
+  const double t0_trace = n ? trace.events.front().time_s : 0;
   double frag_sum = 0;
   std::uint64_t frag_samples = 0;
   std::uint64_t alloc_ns = 0, free_ns = 0;
@@ -56,9 +58,12 @@ ReplayResult replay_trace(const trace::Trace& trace, ReplayPolicy& policy,
       alloc_ns += static_cast<std::uint64_t>((clock::now() - t0).count());
       if (ok) {
         allocated += ev.size;
+        allocated_on[static_cast<std::size_t>(ev.device)] += ev.size;
       } else {
         ++r.ooms;
         r.oom_bytes += ev.size;
+        if (r.oom_events.size() < kMaxOomEvents)
+          r.oom_events.push_back({i, ev.time_s - t0_trace, ev.size});
         if (r.first_oom_op < 0) {
           r.first_oom_op = static_cast<std::int64_t>(i);
           r.first_oom_size = ev.size;
@@ -83,6 +88,7 @@ ReplayResult replay_trace(const trace::Trace& trace, ReplayPolicy& policy,
           policy.deallocate(ev.device, a.handle, a.size, stream);
           free_ns += static_cast<std::uint64_t>((clock::now() - t0).count());
           allocated -= a.size;
+          allocated_on[static_cast<std::size_t>(ev.device)] -= a.size;
         }
       }
     }
@@ -94,6 +100,17 @@ ReplayResult replay_trace(const trace::Trace& trace, ReplayPolicy& policy,
       r.peak_reserved = reserved;
       r.frag_at_peak =
           1.0 - static_cast<double>(std::min(allocated, reserved)) / static_cast<double>(reserved);
+      std::uint64_t unusable = 0;
+      bool known = true;
+      for (int d = 0; d < devices && known; ++d) {
+        const std::uint64_t largest = policy.largest_free_block(d);
+        if (largest == ReplayPolicy::kUnknownSize) known = false;
+        const std::uint64_t res = policy.reserved(d);
+        const std::uint64_t idle = res - std::min(res, allocated_on[static_cast<std::size_t>(d)]);
+        unusable += idle - std::min(idle, largest);
+      }
+      r.unusable_at_peak =
+          known ? static_cast<double>(unusable) / static_cast<double>(reserved) : -1.0;
     }
     if (reserved > 0) {
       frag_sum +=
@@ -104,8 +121,15 @@ ReplayResult replay_trace(const trace::Trace& trace, ReplayPolicy& policy,
     point.reserved = std::max(point.reserved, reserved);
     if ((i + 1) % bucket == 0 || i + 1 == n) {
       point.op = i;
+      point.time_s = ev.time_s - t0_trace;
       r.series.push_back(point);
       point = ReplayPoint{};
+    }
+    if (options.stop_at_first_oom && r.ooms > 0) {
+      point.op = i;
+      point.time_s = ev.time_s - t0_trace;
+      r.series.push_back(point);
+      break;
     }
   }
   for (const auto& [a, res] : samples) {
@@ -139,7 +163,7 @@ std::uint64_t min_capacity(const trace::Trace& trace, const PolicySpec& spec, Po
     std::string why;
     auto policy = spec.make(env, &why);
     if (!policy) return false;
-    return replay_trace(trace, *policy, ReplayOptions{16}).ooms == 0;
+    return replay_trace(trace, *policy, ReplayOptions{16, /*stop_at_first_oom=*/true}).ooms == 0;
   };
   if (!fits(upper)) return 0;
   std::uint64_t lo = 0, hi = upper;  // lo fails (or is untested 0), hi fits

@@ -1,8 +1,12 @@
 // Replaying a trace through a policy and measuring it.
 //
 // Events are replayed in file order. "Allocated" is the bytes the trace holds live (as requested,
-// the same demand for every policy); "reserved" is what the policy holds after each event;
-// fragmentation is 1 - allocated/reserved, the figure PyTorch users quote. An allocation that
+// the same demand for every policy); "reserved" is what the policy holds after each event.
+// Fragmentation comes as two figures, both taken when reserved peaks:
+//   - idle cache = 1 - allocated/reserved, the figure PyTorch users quote (frag_at_peak);
+//   - unusable free memory = (reserved - allocated - the largest cached block one request could
+//     get) / reserved: memory that is free but cannot be handed out as one block
+//     (unusable_at_peak; -1 when the policy cannot tell its largest block). An allocation that
 // fails is counted as an OOM and its later free is skipped; a free of a pointer the trace never
 // allocated (recording started late) is counted and ignored. A pointer allocated again before its
 // free was recorded (two threads racing) is matched first-in, first-out.
@@ -20,8 +24,15 @@ namespace gpustitch::replay {
 
 struct ReplayPoint {
   std::uint64_t op = 0;         // index of the last event in this bucket
+  double time_s = 0;            // its time, seconds since the trace's first event
   std::uint64_t allocated = 0;  // highest in the bucket
   std::uint64_t reserved = 0;   // highest in the bucket
+};
+
+struct ReplayOom {
+  std::uint64_t op = 0;
+  double time_s = 0;  // seconds since the trace's first event
+  std::uint64_t size = 0;
 };
 
 struct ReplayResult {
@@ -39,16 +50,23 @@ struct ReplayResult {
   std::uint64_t unmatched_frees = 0;  // frees of pointers never allocated in the trace
   std::uint64_t peak_allocated = 0;
   std::uint64_t peak_reserved = 0;
-  double frag_at_peak = 0;  // fragmentation when reserved peaked
-  double frag_mean = 0;     // mean over events with reserved > 0
-  double frag_max = 0;      // highest over events where allocated >= 10% of peak allocated
+  double frag_at_peak = 0;       // idle cache when reserved peaked
+  double unusable_at_peak = -1;  // unusable free memory when reserved peaked (-1: unknown)
+  double frag_mean = 0;          // mean over events with reserved > 0
+  double frag_max = 0;           // highest over events where allocated >= 10% of peak allocated
   double ns_per_op = 0, ns_per_alloc = 0, ns_per_free = 0;
-  std::vector<ReplayPoint> series;                              // at most max_points buckets
+  std::vector<ReplayPoint> series;    // at most max_points buckets
+  std::vector<ReplayOom> oom_events;  // the first kMaxOomEvents OOMs, for plots
   std::vector<std::pair<std::string, std::uint64_t>> counters;  // ReplayPolicy::counters
 };
 
+inline constexpr std::size_t kMaxOomEvents = 64;
+
 struct ReplayOptions {
   std::size_t max_points = 2000;
+  // Stop at the first OOM (a bisection only needs to know whether one happens); the figures then
+  // cover the events up to it.
+  bool stop_at_first_oom = false;
 };
 
 ReplayResult replay_trace(const trace::Trace& trace, ReplayPolicy& policy,

@@ -33,9 +33,12 @@ struct Config {
   // Physical memory moves between places of the address space in whole handles (the driver maps
   // handles whole), so small handles let freed memory move piece by piece; each handle costs a
   // create, a map and a share of cuMemSetAccess (large_heap.cpp). Fresh memory comes in handles
-  // of segment_mb, or of 1/fresh_handles of the range it backs when that is larger (0: no limit).
+  // of segment_mb, or of 1/fresh_handles of the range it backs when that is larger (0: no limit),
+  // but none larger than max_handle_mb (0: no limit), as expandable segments' 20 MiB pages: a
+  // live block pins the free rest of every handle it touches.
   std::size_t segment_size = 2 * MiB;  // segment_mb
   unsigned fresh_handles = 64;         // fresh_handles
+  std::size_t max_handle = 20 * MiB;   // max_handle_mb
   // Frees wait for device work on a background thread (thread), or only when an allocation
   // needs their memory (inline: deterministic, for tests and replay).
   bool background_reclaim = true;  // reclaim:thread|inline

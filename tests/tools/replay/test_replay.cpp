@@ -166,6 +166,14 @@ TEST(Replay, TheSameTraceGivesTheSameFiguresEveryTime) {
   }
 }
 
+std::uint64_t counter(const ReplayResult& r, const std::string& name) {
+  for (const auto& [key, value] : r.counters) {
+    if (key == name) return value;
+  }
+  ADD_FAILURE() << r.policy << " has no counter " << name;
+  return 0;
+}
+
 TEST(Replay, GeneratedTransformerTraceTellsTheSeedsStory) {
   TransformerTraceParams params;
   trace::Trace t = generate_transformer_trace(params);
@@ -189,7 +197,13 @@ TEST(Replay, GeneratedTransformerTraceTellsTheSeedsStory) {
   ReplayResult unstitched = replay_with("gpustitch-no-stitch", t, capacity);
   EXPECT_EQ(stitched.ooms, 0u);
   EXPECT_EQ(stitched.peak_allocated, live_peak);
-  EXPECT_LE(stitched.peak_reserved, unstitched.peak_reserved);
+  // At this headroom both end up holding about what the device has; stitching gets there by
+  // moving idle handles where the pool without it must give its cache back and create it again.
+  // (Reserved is within 1%: near capacity the pool without stitching holds handles cut to the
+  // sizes of the moment, and a live block pins the free rest of the handles it touches.)
+  EXPECT_LT(counter(stitched, "trims"), counter(unstitched, "trims"));
+  EXPECT_GT(counter(stitched, "stitches"), 0u);
+  EXPECT_LE(stitched.peak_reserved, unstitched.peak_reserved + unstitched.peak_reserved / 100);
   for (const ReplayResult* r : {&cached}) {
     EXPECT_GT(r->ooms, 0u) << r->policy;
     EXPECT_LE(r->allocated_at_first_oom + r->first_oom_size, capacity)

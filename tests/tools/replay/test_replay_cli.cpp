@@ -75,7 +75,8 @@ TEST(ReplayCli, GeneratesReplaysAndPlots) {
   EXPECT_GT(by_name["expandable-segments"]["maps"].get<long>(), 0);
   std::string plot = slurp(svg);
   EXPECT_EQ(plot.rfind("<svg", 0), 0u);
-  EXPECT_EQ(count_of(plot, "<polyline"), 2 * 4);  // reserved + allocated per policy
+  EXPECT_EQ(count_of(plot, "<polyline"), 4);  // reserved per policy
+  EXPECT_EQ(count_of(plot, "<polygon"), 1);   // the demand, once
   EXPECT_NE(plot.find("pytorch reserved"), std::string::npos);
 
   // The written trace reads back with no bad lines and replays the same way.

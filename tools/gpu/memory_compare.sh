@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# memory_compare.sh: peak reserved and tokens/s of the pool against PyTorch's allocators, side by
+# side in one run, on a GPU machine. Two workloads, each configuration once per round, the rounds
+# interleaved (configuration order rotates) so that the GPU's drift is shared:
+#   gpt  bench/gpu/e2e/train_seqlen.py, batch 5, 24 GiB budget (the seeds' dynamic-length case);
+#   hf   tools/gpu/hf_workloads.py train (a HuggingFace Llama-style model, lengths 256..8192).
+#
+#   tools/gpu/memory_compare.sh --build BUILD [--rounds N] [--only REGEX] [--conf NAME=CONF]...
+#
+#   --build   build folder holding preload/libgpustitch.so and tools/gpustitch (e.g. .devbuild
+#             from tools/gpu/pack-build.sh)
+#   --rounds  rounds (default 1)
+#   --only    run only the configurations whose name matches (extended regex)
+#   --conf    add a gpustitch configuration NAME with GPUSTITCH_CONF=CONF (repeatable); without
+#             any, one "gpustitch" row with the defaults. NAME=CONF|TORCH also sets
+#             PYTORCH_CUDA_ALLOC_CONF=TORCH for that row (e.g. "async=|backend:cudaMallocAsync")
+#
+# Prints one JSON line per run (the workload's own line plus "config", "workload", "round").
+# Configurations: pytorch (default caching allocator), expandable (expandable_segments:True),
+# then the gpustitch rows under `gpustitch run` (PyTorch's cache off).
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$ROOT" || exit 2
+BUILD="" ROUNDS=1 ONLY="" CONFS=()
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --build) BUILD=$2; shift 2 ;;
+    --rounds) ROUNDS=$2; shift 2 ;;
+    --only) ONLY=$2; shift 2 ;;
+    --conf) CONFS+=("$2"); shift 2 ;;
+    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+    *) echo "memory_compare: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+[[ -n $BUILD ]] || { echo "memory_compare: --build is required" >&2; exit 2; }
+BUILD=$(cd "$BUILD" && pwd) || exit 2
+LIB=$BUILD/preload/libgpustitch.so
+CLI=$BUILD/tools/gpustitch
+[[ -f $LIB && -x $CLI ]] || { echo "memory_compare: no $LIB or $CLI" >&2; exit 2; }
+[[ ${#CONFS[@]} -gt 0 ]] || CONFS=("gpustitch=")
+
+NAMES=(pytorch expandable)
+for c in "${CONFS[@]}"; do NAMES+=("${c%%=*}"); done
+declare -A WORKLOAD=(
+  [gpt]="bench/gpu/e2e/train_seqlen.py --batch 5 --steps 10 --warmup 2 --budget-gb 24"
+  [hf]="tools/gpu/hf_workloads.py train --steps 12 --warmup 2"
+)
+
+run_one() {  # config workload round
+  local name=$1 wl=$2 round=$3 conf="" torch="" line
+  for c in "${CONFS[@]}"; do [[ ${c%%=*} == "$name" ]] && conf=${c#*=}; done
+  if [[ $conf == *"|"* ]]; then torch=${conf#*|} conf=${conf%%|*}; fi
+  local cmd="python3 ${WORKLOAD[$wl]} --config $name"
+  [[ $wl == hf ]] && cmd="python3 ${WORKLOAD[$wl]}"
+  case $name in
+    pytorch) line=$(env -u PYTORCH_CUDA_ALLOC_CONF $cmd 2>&1 | grep '^{' | tail -1) ;;
+    expandable) line=$(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $cmd 2>&1 | grep '^{' | tail -1) ;;
+    *)
+      if [[ -n $torch ]]; then
+        line=$(PYTORCH_CUDA_ALLOC_CONF=$torch GPUSTITCH_LIBRARY=$LIB GPUSTITCH_CONF=$conf "$CLI" run -- $cmd 2>&1 | grep '^{' | tail -1)
+      else
+        line=$(env -u PYTORCH_CUDA_ALLOC_CONF GPUSTITCH_LIBRARY=$LIB GPUSTITCH_CONF=$conf "$CLI" run -- $cmd 2>&1 | grep '^{' | tail -1)
+      fi
+      ;;
+  esac
+  [[ -n $line ]] || line='{"error": "no result"}'
+  python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d.update(config=sys.argv[2], workload=sys.argv[3], round=int(sys.argv[4]), gpustitch_conf=sys.argv[5], torch_conf=sys.argv[6]); print(json.dumps(d), flush=True)' \
+    "$line" "$name" "$wl" "$round" "$conf" "$torch"
+}
+
+for ((r = 0; r < ROUNDS; ++r)); do
+  for wl in gpt hf; do
+    n=${#NAMES[@]}
+    for ((i = 0; i < n; ++i)); do
+      name=${NAMES[$(((i + r) % n))]}
+      [[ -z $ONLY || $name =~ $ONLY ]] || continue
+      run_one "$name" "$wl" "$r"
+    done
+  done
+done
