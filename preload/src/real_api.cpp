@@ -20,6 +20,13 @@ bool is_runtime_hook(Hook h) noexcept {
   return runtime[static_cast<int>(h)];
 }
 
+// Before 2.34 dlsym lived in libdl.so.2, at the architecture's first glibc version.
+#if defined(__aarch64__)
+constexpr const char* kDlsymFirstVersion = "GLIBC_2.17";
+#else
+constexpr const char* kDlsymFirstVersion = "GLIBC_2.2.5";
+#endif
+
 }  // namespace
 
 DlsymFn glibc_dlsym() noexcept {
@@ -29,7 +36,7 @@ DlsymFn glibc_dlsym() noexcept {
   // dlvsym is not interposed, so this reaches glibc directly. Several threads may race here; they
   // all store the same value.
   fn = reinterpret_cast<DlsymFn>(dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34"));
-  if (!fn) fn = reinterpret_cast<DlsymFn>(dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5"));
+  if (!fn) fn = reinterpret_cast<DlsymFn>(dlvsym(RTLD_NEXT, "dlsym", kDlsymFirstVersion));
   cached.store(fn, std::memory_order_release);
   return fn;
 }

@@ -4,6 +4,12 @@
 #           runtime (anything the host process may carry in another version): neither directly
 #           (NEEDED) nor through what it loads (ldd). With -DSANITIZE=<GPUSTITCH_SANITIZE> the
 #           sanitizer runtimes may be NEEDED, and what they load themselves is allowed.
+#  glibc:   -DMAX_GLIBC=2.28: every symbol version the library needs (dynamic symbol table and
+#           version-needs section) is a GLIBC_ version no newer than MAX_GLIBC, none is a C++
+#           runtime or libgcc version (GLIBCXX_, CXXABI_, GCC_), and libpthread.so.0, libdl.so.2 and
+#           librt.so.1 are NEEDED (glibc < 2.34 defines the old pthread, dl* and shm_* versions
+#           there; see preload/src/glibc_compat.c). A newer version makes the dynamic loader refuse
+#           to start the program on an older glibc.
 if(CHECK STREQUAL "exports")
   file(READ "${MAP}" map)
   string(REGEX REPLACE "/\\*.*\\*/" "" map "${map}")
@@ -80,6 +86,49 @@ elseif(CHECK STREQUAL "ldd")
     endif()
   endforeach()
   message(STATUS "dependencies OK (NEEDED: ${needed}; sanitizer runtimes: ${sanitizer_needed}):\n${out}")
+elseif(CHECK STREQUAL "glibc")
+  execute_process(COMMAND readelf --wide --dyn-syms --version-info --dynamic "${LIB}"
+                  OUTPUT_VARIABLE out RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0 OR out STREQUAL "")
+    message(FATAL_ERROR "readelf failed on ${LIB}")
+  endif()
+  # Symbol versions appear as sym@VERSION / sym@@VERSION (--dyn-syms) and "Name: VERSION"
+  # (.gnu.version_r). Take every token that looks like a version node of a GNU runtime library.
+  string(REGEX MATCHALL "(GLIBC|GLIBCXX|CXXABI|GCC)_[0-9][0-9.]*" versions "${out}")
+  list(REMOVE_DUPLICATES versions)
+  set(too_new "")
+  set(glibc_max "0")
+  foreach(v IN LISTS versions)
+    if(v MATCHES "^GLIBC_([0-9.]+)$")
+      set(n "${CMAKE_MATCH_1}")
+      if(n VERSION_GREATER MAX_GLIBC)
+        list(APPEND too_new "${v}")
+      endif()
+      if(n VERSION_GREATER glibc_max)
+        set(glibc_max "${n}")
+      endif()
+    else()
+      list(APPEND too_new "${v}")
+    endif()
+  endforeach()
+  if(too_new)
+    list(JOIN too_new "|" alternatives)
+    string(REGEX MATCHALL "[^\n]*(${alternatives})[^\n]*" offending "${out}")
+    list(JOIN offending "\n" offending)
+    list(JOIN too_new " " too_new)
+    message(FATAL_ERROR "${LIB} needs ${too_new} (allowed: GLIBC_ up to ${MAX_GLIBC}):\n"
+                        "${offending}")
+  endif()
+  if(glibc_max STREQUAL "0")
+    message(FATAL_ERROR "${LIB}: no GLIBC_ versions found; readelf output not understood")
+  endif()
+  foreach(lib libpthread.so.0 libdl.so.2 librt.so.1)
+    if(NOT out MATCHES "\\(NEEDED\\)[^\n]*\\[${lib}\\]")
+      message(FATAL_ERROR "${LIB} does not list ${lib} as NEEDED: on glibc < 2.34 its pthread, "
+                          "dl* and shm_* symbols would not be found")
+    endif()
+  endforeach()
+  message(STATUS "glibc OK: newest version needed GLIBC_${glibc_max} (allowed ${MAX_GLIBC})")
 else()
-  message(FATAL_ERROR "CHECK must be exports or ldd")
+  message(FATAL_ERROR "CHECK must be exports, ldd or glibc")
 endif()
