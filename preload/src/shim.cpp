@@ -224,18 +224,6 @@ spdlog::logger& log() noexcept {
   return *logger;
 }
 
-void log_oom(Pool& pool, int device, std::size_t size) noexcept {
-  try {
-    DeviceStats s = pool.stats(device);
-    log().error(
-        "out of memory on device {}: requested {}, device free {}, pool cached {}, largest "
-        "possible {}, fragmentation {:.1f}%",
-        device, human_bytes(size), human_bytes(s.device_free), human_bytes(s.bytes_cached),
-        human_bytes(s.largest_possible), 100.0 * s.fragmentation());
-  } catch (...) {
-  }
-}
-
 Served serve_allocation(Pool& pool, int device, std::size_t size, Stream stream,
                         DevPtr* out) noexcept {
   switch (pool.allocate(device, size, stream, out)) {

@@ -30,7 +30,8 @@ struct CUstream_st; /* cudaStream_t / CUstream */
  * device has finished the work queued before the free (cudaFreeAsync semantics). size and device
  * of gpustitch_free are those of the allocation and are not needed; ptr alone identifies it.
  * gpustitch_malloc returns NULL when the memory cannot be found (after logging one line saying
- * why: requested, device free, pool cached, largest possible, fragmentation). */
+ * why: requested, device free, pool cached, largest possible, fragmentation, whether it is a real
+ * shortage or would have fit, and the processes holding the most of the GPU). */
 void* gpustitch_malloc(ssize_t size, int device, struct CUstream_st* stream);
 void gpustitch_free(void* ptr, ssize_t size, int device, struct CUstream_st* stream);
 
