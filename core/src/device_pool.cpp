@@ -26,63 +26,24 @@
 // wherever the small pool's stream caches are dropped (out-of-memory retry, trim, release_idle,
 // drain_pending), so the out-of-memory guarantee above still holds.
 //
+// Files, one concept each: this one (allocation, free, queries), device_pool_arenas.cpp (the
+// thread arenas and their chunks), device_pool_fencing.cpp (the fence queue),
+// device_pool_release.cpp (giving memory back: trim, cooperative release), device_pool_stats.cpp
+// (statistics and events, an observer of the pool), large_heap.cpp (placement and backing of
+// large blocks), memory_map.cpp (the memory map for snapshots).
+//
 // Thread safety: one lock per device (a std::mutex; the arenas use HybridLock) guards everything
 // here but the arenas (lock order: arena, then device); backend calls on the slow paths (create,
 // map, move) run under it, as cudaMalloc does in PyTorch's allocator. Observer callbacks run
 // after the mutex is released.
 #include "device_pool.h"
 
+#include "device_pool_internal.h"
+
 #include <algorithm>
-#include <ctime>
-#include <thread>
 
 namespace gpustitch::detail {
 namespace {
-
-// The arena whose allocate_small is asking for a chunk, and where to report its events.
-thread_local Arena* tl_arena = nullptr;
-thread_local Outcome* tl_chunk_outcome = nullptr;
-
-// Arena choice: a thread takes, at its first small allocation, the arena index with the fewest
-// threads, and gives it back at exit, so that two threads on two cores never share one arena while
-// another sits unused (round-robin did, once threads come and go). The index is the same for every
-// device pool; each pool has arena_slots() arenas.
-constexpr unsigned kMaxArenas = 8;
-unsigned arena_slots() {
-  static const unsigned n = std::max(1u, std::min(kMaxArenas, std::thread::hardware_concurrency()));
-  return n;
-}
-std::atomic<unsigned> g_arena_threads[kMaxArenas];
-thread_local unsigned tl_arena_index = UINT32_MAX;  // trivial: read on the hot path
-struct ArenaRelease {                               // touched once per thread, at assignment
-  bool armed = false;
-  ~ArenaRelease() {
-    if (tl_arena_index < kMaxArenas) g_arena_threads[tl_arena_index].fetch_sub(1);
-    tl_arena_index = UINT32_MAX;
-  }
-};
-thread_local ArenaRelease tl_arena_release;
-
-unsigned assign_arena_index() {
-  const unsigned n = arena_slots();
-  unsigned best = 0;
-  for (unsigned i = 1; i < n; ++i) {
-    if (g_arena_threads[i].load(std::memory_order_relaxed) <
-        g_arena_threads[best].load(std::memory_order_relaxed)) {
-      best = i;
-    }
-  }
-  g_arena_threads[best].fetch_add(1);
-  tl_arena_release.armed = true;  // constructs it: its destructor runs at thread exit
-  return best;
-}
-
-constexpr std::size_t kLargeBuffer = 20 * MiB;   // PyTorch's slack for oversize blocks
-constexpr std::uint64_t kCheapFenceNs = 50'000;  // a fence this fast means an idle device
-constexpr std::uint64_t kFenceSample = 8;        // an arena times one fence in 8
-constexpr std::uint64_t kInlineFenceNs = 300;    // an arena fence cheaper than the device path
-constexpr std::size_t kFenceBatch = 8;           // blocks of one size an arena keeps for one fence
-constexpr std::size_t kMinBlock = 512;           // large blocks are cut at 512 B, as PyTorch's
 
 // Chunks are all of one size (the granularity): each is one handle, and one never needs to move.
 LargeHeap::Options chunk_heap_options(Backend& backend, int device) {
@@ -103,26 +64,6 @@ LargeHeap::Options heap_options(Backend& backend, const Config& config, int devi
   return o;
 }
 
-void atomic_max(std::atomic<std::uint64_t>& a, std::uint64_t v) {
-  std::uint64_t cur = a.load(std::memory_order_relaxed);
-  while (cur < v && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
-  }
-}
-
-std::uint64_t monotonic_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull +
-         static_cast<std::uint64_t>(ts.tv_nsec);
-}
-
-std::uint64_t now_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull +
-         static_cast<std::uint64_t>(ts.tv_nsec);
-}
-
 }  // namespace
 
 DevicePool::DevicePool(Backend& backend, const Config& config, int device, PoolObserver* observer)
@@ -130,8 +71,8 @@ DevicePool::DevicePool(Backend& backend, const Config& config, int device, PoolO
       config_(config),
       device_(device),
       observer_(observer),
-      heap_(backend, device, heap_options(backend, config, device), &node_pool_),
-      chunks_(backend, device, chunk_heap_options(backend, device), &node_pool_),
+      heap_(backend, device, heap_options(backend, config, device)),
+      chunks_(backend, device, chunk_heap_options(backend, device)),
       reclaimer_([this] { return fence_pass(); }) {
   granularity_ = backend_.granularity(device_);
   std::size_t free = 0, total = 0;
@@ -158,48 +99,12 @@ DevicePool::~DevicePool() {
   stream_free_.clear();
 }
 
-void DevicePool::sync_physical() noexcept {
-  stats_.bytes_reserved = heap_.reserved_bytes() + chunks_.reserved_bytes();
-  stats_.bytes_mapped = heap_.mapped_bytes() + chunks_.mapped_bytes();
-  stats_.handles = heap_.handle_count() + chunks_.handle_count();
-  stats_.views = heap_.span_count() + chunks_.span_count();
-  stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.bytes_reserved);
-  window_reserved_ = std::max(window_reserved_, stats_.bytes_reserved);
-}
-
-std::size_t DevicePool::fresh_allowance() const noexcept {
-  const std::size_t cap = cap_bytes();
-  const std::size_t held = heap_.reserved_bytes() + chunks_.reserved_bytes();
-  return held >= cap ? 0 : cap - held;
-}
-
-std::size_t DevicePool::cap_bytes() const noexcept {
-  std::size_t cap = SIZE_MAX;
-  if (config_.cap != 0) cap = config_.cap;
-  if (config_.cap_fraction > 0.0 && total_ != 0) {
-    cap =
-        std::min(cap, static_cast<std::size_t>(config_.cap_fraction * static_cast<double>(total_)));
-  }
-  return cap;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Allocation
 //
 // allocate() does not count an out-of-memory itself: the Pool may still retry (its out-of-memory
 // handler, e.g. cooperative release), and only the failure the caller finally sees counts, once,
 // through note_out_of_memory().
-
-void DevicePool::note_out_of_memory(std::size_t size) noexcept {
-  Outcome outcome;
-  {
-    std::lock_guard lock(mu_);
-    ++stats_.ooms;
-    backend_.mem_info(device_, &last_device_free_, nullptr);
-    outcome.add(make_event(EventKind::oom, size, 0));
-  }
-  emit(outcome);
-}
 
 Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
                             Outcome* outcome) noexcept {
@@ -281,306 +186,6 @@ Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
   }
   emit(*outcome);
   return status;
-}
-
-void DevicePool::note_peak() noexcept {
-  const std::uint64_t now = stats_.bytes_allocated + arena_allocated();
-  atomic_max(peak_.allocated, now);
-  atomic_max(peak_.window, now);
-  // Written under the device lock only: a plain increment, no locked instruction.
-  peak_.gen.store(peak_.gen.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-}
-
-// An arena-served allocation adds to the total without the device lock. Summing every arena's
-// counter on each one would pull the other threads' cache lines on the hot path, so the sum is
-// taken only when this arena holds more than when it last summed, or when the device pool has
-// allocated since (peak_.gen). Between two device-path allocations the device's share only
-// shrinks, so with one allocating thread at a time this finds every peak; with threads racing it
-// may miss a momentary one (as a snapshot of per-thread counters can anyway).
-void DevicePool::note_peak_arena(Arena& a) noexcept {
-  const std::uint64_t mine = a.bytes_allocated.load(std::memory_order_relaxed);
-  const std::uint64_t gen = peak_.gen.load(std::memory_order_relaxed);
-  if (gen == a.peak_gen && mine <= a.peak_high) return;
-  a.peak_gen = gen;
-  a.peak_high = mine;
-  const std::uint64_t now = peak_.device_allocated.load(std::memory_order_relaxed) + arena_allocated();
-  atomic_max(peak_.allocated, now);
-  atomic_max(peak_.window, now);
-}
-
-// A reset restarts the window at what is allocated now and bumps the generation, so that every
-// arena sums again at its next allocation (its own high mark belongs to the old window).
-void DevicePool::reset_peak_allocated() noexcept {
-  std::lock_guard lock(mu_);
-  peak_.window.store(stats_.bytes_allocated + arena_allocated(), std::memory_order_relaxed);
-  peak_.gen.store(peak_.gen.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-}
-
-void DevicePool::reset_peak_reserved() noexcept {
-  std::lock_guard lock(mu_);
-  window_reserved_ = stats_.bytes_reserved;
-}
-
-// No driver query (unlike stats()): PyTorch reads these on every memory_stats().
-PeakWindow DevicePool::peaks_since_reset() const noexcept {
-  std::lock_guard lock(mu_);
-  PeakWindow w;
-  w.allocated = std::max(peak_.window.load(std::memory_order_relaxed),
-                         stats_.bytes_allocated + arena_allocated());
-  w.reserved = std::max(window_reserved_, stats_.bytes_reserved);
-  return w;
-}
-
-std::uint64_t DevicePool::arena_allocated() const noexcept {
-  std::uint64_t total = 0;
-  for (const auto& a : arenas_) total += a->bytes_allocated.load(std::memory_order_relaxed);
-  return total;
-}
-
-std::uint64_t DevicePool::parked_bytes() const noexcept {
-  std::uint64_t total = 0;
-  for (const auto& a : arenas_) total += a->parked_bytes.load(std::memory_order_relaxed);
-  return total;
-}
-
-bool DevicePool::arenas_pending() const noexcept {
-  for (const auto& a : arenas_) {
-    if (a->has_pending.load(std::memory_order_relaxed)) return true;
-  }
-  return false;
-}
-
-bool DevicePool::has_pending() const noexcept {
-  return fq_head_ != nullptr || arenas_pending();
-}
-
-Arena& DevicePool::arena_for_thread() noexcept {
-  if (tl_arena_index == UINT32_MAX) tl_arena_index = assign_arena_index();
-  return *arenas_[tl_arena_index % arenas_.size()];
-}
-
-Status DevicePool::allocate_small(std::size_t size, Stream stream, DevPtr* out,
-                                  Outcome* outcome) noexcept {
-  Arena& a = arena_for_thread();
-  std::lock_guard lock(a.mu);
-  tl_arena = &a;
-  tl_chunk_outcome = outcome;
-  SmallAlloc s = a.small.allocate(size, stream, *this);
-  tl_arena = nullptr;
-  tl_chunk_outcome = nullptr;
-  if (s.fenced) a.refresh_pending(completed_epoch_.load(std::memory_order_acquire));
-  if (s.ptr == 0) return Status::out_of_memory;
-  a.count_alloc(s.chunk->slot_size, size);
-  if (!s.from_new_chunk) ++a.cache_hits;
-  outcome->how = ServedBy::small;
-  outcome->size = s.chunk->slot_size;
-  *out = s.ptr;
-  return Status::ok;
-}
-
-bool DevicePool::free_in_arena(Arena& a, DevPtr ptr, Stream stream, Outcome* outcome) noexcept {
-  std::lock_guard lock(a.mu);
-  return free_in_arena_locked(a, ptr, stream, outcome);
-}
-
-bool DevicePool::free_in_arena_locked(Arena& a, DevPtr ptr, Stream stream,
-                                      Outcome* outcome) noexcept {
-  // The slot's chunk, found by address; the pointer must be a live slot's start.
-  Chunk* c = a.small.chunk_of(ptr);
-  if (c == nullptr) {
-    Block* b = a.large.take_live(ptr);
-    if (b == nullptr) return false;
-    a.count_free(b->size, b->requested);
-    outcome->size = b->requested;
-    b->stream = stream;
-    b->epoch = epoch_.load();
-    if (a.large.can_park(b->size)) {
-      park(a, b);
-    } else {
-      std::lock_guard lock(mu_);
-      to_device_pending(b);
-    }
-    return true;
-  }
-  if ((ptr - c->base) % c->slot_size != 0) return false;
-  const auto slot = static_cast<std::uint32_t>((ptr - c->base) / c->slot_size);
-  if (slot >= c->nslots || !c->allocated[slot]) return false;
-  const std::size_t requested = c->requested[slot];
-  a.count_free(c->slot_size, requested);
-  a.small.free(c, slot, stream, epoch_.load());
-  // Stream-ordered frees stay in their stream's cache: only the fence queue needs the reclaimer.
-  if (!a.has_pending.load(std::memory_order_relaxed) && a.small.has_pending()) {
-    a.has_pending.store(true, std::memory_order_relaxed);
-  }
-  outcome->size = requested;
-  return true;
-}
-
-bool DevicePool::take_parked(Arena& a, std::size_t size, std::size_t rounded, Stream stream,
-                             DevPtr* out, Outcome* outcome, bool* grow) noexcept {
-  if (a.large.parked_count() == 0) return false;
-  std::size_t unfenced = 0;
-  Block* b = a.large.take(stream, rounded, fenced(a), &unfenced);
-  if (b == nullptr && unfenced != 0) {
-    if (grow_rather_than_fence(a, unfenced, rounded)) {
-      *grow = true;
-      return false;
-    }
-    if (!fence_rather_than_device(a, rounded)) return false;
-    b = a.large.take(stream, rounded, fenced(a), &unfenced);
-    a.refresh_pending(completed_epoch_.load(std::memory_order_acquire));
-  }
-  if (b == nullptr) return false;
-  a.parked_bytes.store(a.large.parked_bytes(), std::memory_order_relaxed);
-  b->requested = size;
-  a.large.add_live(b);
-  a.count_alloc(b->size, size);
-  ++a.cache_hits;
-  outcome->how = ServedBy::cache;
-  outcome->size = b->size;
-  *out = b->ptr;
-  note_peak_arena(a);
-  return true;
-}
-
-LargeCache::Fenced DevicePool::fenced(const Arena& a) const noexcept {
-  return LargeCache::Fenced{completed_epoch_.load(std::memory_order_acquire), a.fences_done};
-}
-
-bool DevicePool::grow_rather_than_fence(const Arena& a, std::size_t unfenced,
-                                        std::size_t rounded) const noexcept {
-  // A fence costs more here than the device path (an idle H200: about 0.7 us against a few
-  // hundred ns), so a cudaMalloc/cudaFree loop that fenced for every reuse would pay it on every
-  // pair. Up to kFenceBatch blocks of the size (within 1/16 of large_cache_mb) are taken instead,
-  // and one fence then covers all of them: on the GPU host a 2 MiB loop cost about 1 us per
-  // pair when it fenced every time. Not with reclaim:inline, whose fences are all on demand.
-  return config_.background_reclaim && a.last_fence_ns > kInlineFenceNs && unfenced < kFenceBatch &&
-         (unfenced + 1) * rounded <= config_.large_cache / 16;
-}
-
-bool DevicePool::fence_rather_than_device(Arena& a, std::size_t bytes) noexcept {
-  // Fence here when that costs less than the device path (a few hundred ns, under the device
-  // lock), or when the device pool has no fenced memory to offer. On an idle H200 a fence costs
-  // about 0.7 us, so there a cudaMalloc/cudaFree loop takes fenced memory from the device pool
-  // while the device pool has some, and fences here once its blocks all live in the arena.
-  if (a.last_fence_ns > kInlineFenceNs && largest_free_.load(std::memory_order_relaxed) >= bytes) {
-    return false;
-  }
-  return fence_arena(a);
-}
-
-bool DevicePool::fence_is_cheap(std::uint64_t last_fence_ns) const noexcept {
-  return !config_.background_reclaim || last_fence_ns < kCheapFenceNs;
-}
-
-std::size_t DevicePool::unpark_to_device(Arena& a, Stream stream, std::size_t rounded) noexcept {
-  Block* moved[LargeCache::kMaxParked];
-  const std::size_t n = a.large.take_for_device(stream, rounded, moved);
-  for (std::size_t i = 0; i < n; ++i) to_device_pending(moved[i]);
-  a.parked_bytes.store(a.large.parked_bytes(), std::memory_order_relaxed);
-  return n;
-}
-
-bool DevicePool::fence_arena(Arena& a) noexcept {
-  if (!fence_is_cheap(std::min(a.last_fence_ns, last_fence_ns_.load(std::memory_order_relaxed)))) {
-    return false;
-  }
-  const std::uint64_t ticket = ++a.fences_started;  // covers every block parked before it
-  // Timed one fence in kFenceSample: two clock reads cost about as much as the rest of a
-  // cudaMalloc/cudaFree pair here (30-45 ns each on the GPU host). An untimed fence that meets a
-  // device that has just turned busy waits for it, as every native cudaFree does, and the next
-  // timed one (or the reclaimer's) stops the inline fences.
-  const bool timed = ticket % kFenceSample == 0 || a.last_fence_ns == UINT64_MAX;
-  const std::uint64_t start = timed ? monotonic_ns() : 0;
-  if (backend_.synchronize(device_) != Status::ok) return false;
-  if (timed) a.last_fence_ns = monotonic_ns() - start;
-  a.fences_done = ticket;
-  return true;
-}
-
-void DevicePool::park(Arena& a, Block* b) noexcept {
-  Block* evicted[LargeCache::kMaxParked];
-  b->arena_fence = a.fences_started;
-  const std::size_t n = a.large.park(b, evicted);
-  a.parked_bytes.store(a.large.parked_bytes(), std::memory_order_relaxed);
-  // A block freed with cudaFree semantics waits for a fence: the reclaimer's work.
-  if (b->stream == kAnyStream && !a.has_pending.load(std::memory_order_relaxed)) {
-    a.has_pending.store(true, std::memory_order_relaxed);
-  }
-  if (n == 0) return;
-  std::lock_guard lock(mu_);
-  for (std::size_t i = 0; i < n; ++i) to_device_pending(evicted[i]);
-}
-
-// A block leaving an arena (unparked, or freed where it cannot be parked) joins the fence queue
-// with the epoch of its free, and its stream's pending set: reusable by that stream at once, by any
-// once fenced, and splittable and stitchable like any pending block.
-void DevicePool::to_device_pending(Block* b) noexcept {
-  b->arena_owned = false;
-  b->state = BlockState::pending;
-  fq_push(b);
-  stats_.bytes_pending += b->size;
-  if (b->stream != kAnyStream) stream_free_[b->stream].insert(b);
-}
-
-bool DevicePool::drain_large_caches() noexcept {
-  if (config_.large_cache == 0) return false;
-  bool moved = false;
-  for (auto& a : arenas_) {
-    std::lock_guard arena_lock(a->mu);
-    Block* blocks[LargeCache::kMaxParked];
-    const std::size_t n = a->large.drain(blocks);
-    if (n == 0) continue;
-    a->parked_bytes.store(0, std::memory_order_relaxed);
-    std::lock_guard lock(mu_);
-    for (std::size_t i = 0; i < n; ++i) to_device_pending(blocks[i]);
-    moved = true;
-  }
-  return moved;
-}
-
-void DevicePool::promote_arenas(std::uint64_t epoch) noexcept {
-  for (auto& a : arenas_) {
-    if (!a->has_pending.load(std::memory_order_relaxed)) continue;
-    std::lock_guard lock(a->mu);
-    tl_arena = a.get();
-    a->small.promote(epoch, *this);
-    tl_arena = nullptr;
-    a->refresh_pending(epoch);
-  }
-}
-
-bool DevicePool::drop_arena_stream_caches() noexcept {
-  bool pending = drain_large_caches();
-  for (auto& a : arenas_) {
-    std::lock_guard lock(a->mu);
-    a->small.drop_stream_caches();
-    a->refresh_pending(completed_epoch_.load(std::memory_order_acquire));
-    pending = pending || a->has_pending.load(std::memory_order_relaxed);
-  }
-  return pending;
-}
-
-void DevicePool::release_arena_chunks(bool drop_stream_caches) noexcept {
-  // Parked large blocks join the fence queue first, so that the fence below covers them.
-  if (drop_stream_caches) drain_large_caches();
-  std::uint64_t target;
-  {
-    std::lock_guard lock(mu_);
-    target = epoch_.fetch_add(1);
-    if (backend_.synchronize(device_) != Status::ok) return;
-    atomic_max(completed_epoch_, target);
-    promote(target);
-  }
-  for (auto& a : arenas_) {
-    std::lock_guard lock(a->mu);
-    if (drop_stream_caches) a->small.drop_stream_caches();
-    tl_arena = a.get();
-    a->small.promote(target, *this);
-    a->small.release_empty(*this);
-    tl_arena = nullptr;
-    a->refresh_pending(target);
-  }
 }
 
 Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream stream, Block** out,
@@ -685,9 +290,9 @@ Block* DevicePool::take_from(LargeHeap& heap, FreeSet& set, std::size_t rounded,
   probe.size = rounded;
   probe.ptr = 0;
   const std::size_t max_split = config_.max_split_size;
-  auto it = set.lower_bound(&probe);
+  auto it = set.lower_bound(probe);
   if (it == set.end()) return nullptr;
-  Block* b = *it;
+  Block* b = &*it;
   if (rounded < max_split && b->size >= max_split) return nullptr;
   if (rounded >= max_split && b->size >= rounded + kLargeBuffer) return nullptr;
   // Oversize blocks are used whole (max_split_size); others are cut at the request.
@@ -698,9 +303,9 @@ Block* DevicePool::take_from(LargeHeap& heap, FreeSet& set, std::size_t rounded,
     if (pending) {
       // The remainder stays queued for its fence, right where b was, and reusable by the stream.
       fq_insert_after(b, rest);
-      set.insert(rest);
+      set.insert(*rest);
     } else {
-      heap.free_blocks().insert(rest);
+      heap.free_blocks().insert(*rest);
     }
   }
   if (pending) {
@@ -786,232 +391,6 @@ bool DevicePool::free_device_block(DevPtr ptr, Stream stream, Outcome* outcome) 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Fencing
-
-void DevicePool::promote(std::uint64_t epoch) noexcept {
-  while (fq_head_ != nullptr && fq_head_->epoch <= epoch) {
-    Block* b = fq_head_;
-    fq_remove(b);
-    stats_.bytes_pending -= b->size;
-    if (b->stream != kAnyStream) {
-      auto it = stream_free_.find(b->stream);
-      if (it != stream_free_.end()) it->second.erase(b);
-    }
-    make_free(b);
-  }
-}
-
-// Fences the large pool only: the arenas' locks come before the device lock.
-void DevicePool::fence_locked() noexcept {
-  const std::uint64_t target = epoch_.fetch_add(1);
-  const std::uint64_t start = monotonic_ns();
-  if (backend_.synchronize(device_) == Status::ok) {
-    atomic_max(completed_epoch_, target);
-    promote(target);
-  }
-  last_fence_ns_.store(monotonic_ns() - start, std::memory_order_relaxed);
-}
-
-bool DevicePool::fence_pass() noexcept {
-  std::uint64_t target;
-  {
-    std::lock_guard lock(mu_);
-    if (!has_pending()) return false;
-    target = epoch_.fetch_add(1);
-  }
-  // The device is waited for without the lock: allocations and frees go on meanwhile.
-  const std::uint64_t start = monotonic_ns();
-  if (backend_.synchronize(device_) != Status::ok) return false;
-  last_fence_ns_.store(monotonic_ns() - start, std::memory_order_relaxed);
-  atomic_max(completed_epoch_, target);
-  promote_arenas(target);
-  Outcome outcome;
-  bool more = false;
-  // Returns whether idle memory above the release threshold sits parked in the arenas.
-  auto settle = [&] {
-    std::lock_guard lock(mu_);
-    promote(target);
-    maybe_release_locked(&outcome);
-    more = has_pending();
-    return release_wanted_locked() && parked_bytes() != 0;
-  };
-  // Parked memory above the threshold is brought here (the arena locks come first, so outside
-  // the device lock) and what the fence covered is released.
-  if (settle() && drain_large_caches()) settle();
-  emit(outcome);
-  return more;
-}
-
-void DevicePool::drain_pending() noexcept {
-  // Under the locks nothing new is freed before the fence, so one fence covers every free.
-  release_arena_chunks(true);
-}
-
-bool DevicePool::release_wanted_locked() const noexcept {
-  return config_.release_threshold != SIZE_MAX &&
-         stats_.bytes_reserved - stats_.bytes_allocated - arena_allocated() >
-             config_.release_threshold;
-}
-
-void DevicePool::maybe_release_locked(Outcome* outcome) noexcept {
-  if (release_wanted_locked()) trim_locked(config_.release_threshold, outcome);
-}
-
-std::size_t DevicePool::trim_locked(std::size_t keep, Outcome* outcome) noexcept {
-  const std::size_t reserved_before = stats_.bytes_reserved;
-  const std::size_t handles_before = stats_.handles;
-  auto cached = [&] {
-    const std::size_t held = heap_.reserved_bytes() + chunks_.reserved_bytes();
-    const std::size_t used = stats_.bytes_allocated + arena_allocated();
-    return held > used ? held - used : 0;
-  };
-  heap_.retry_failed();
-  chunks_.retry_failed();
-  std::erase_if(stream_free_, [](const auto& entry) { return entry.second.empty(); });
-  // Spares first, then idle handles (wholly inside free blocks), until `keep` is left.
-  while (cached() > keep &&
-         (chunks_.release_one(cached() - keep) != 0 || heap_.release_one(cached() - keep) != 0)) {
-  }
-  sync_physical();
-  note_free_changed();
-  const std::size_t released = reserved_before - stats_.bytes_reserved;
-  if (released != 0) {
-    ++stats_.trims;
-    stats_.trimmed_bytes += released;
-    outcome->add(make_event(EventKind::trim, released, handles_before - stats_.handles));
-  }
-  return released;
-}
-
-std::size_t DevicePool::trim(Outcome* outcome) noexcept {
-  release_arena_chunks(true);
-  std::size_t released;
-  {
-    std::lock_guard lock(mu_);
-    released = trim_locked(0, outcome);
-  }
-  emit(*outcome);
-  return released;
-}
-
-// Cooperative release (another process is about to run out of memory on this GPU): unlike trim,
-// which empties the whole cache under one lock hold, this gives back about `bytes`, one handle per
-// lock hold, choosing the smallest idle handle that covers what is still wanted (else the
-// largest), so that little more than asked leaves the cache and the program's own allocations
-// never wait for more than one unmap+release. Pending memory is fenced once, without the lock,
-// only when fenced memory is not enough.
-std::size_t DevicePool::release_one_locked(std::size_t wanted) noexcept {
-  heap_.retry_failed();
-  chunks_.retry_failed();
-  std::size_t got = chunks_.release_one(wanted);
-  if (got == 0) got = heap_.release_one(wanted);
-  sync_physical();
-  note_free_changed();
-  return got;
-}
-
-std::size_t DevicePool::release_idle(std::size_t bytes) noexcept {
-  if (bytes == 0) return 0;
-  std::size_t released = 0;
-  std::size_t handles_released = 0;
-  bool fenced = false;
-  while (released < bytes) {
-    std::size_t got;
-    bool pending;
-    {
-      std::lock_guard lock(mu_);
-      if (!usable_) break;
-      const std::size_t handles_before = stats_.handles;
-      got = release_one_locked(bytes - released);
-      handles_released += handles_before - stats_.handles;
-      pending = has_pending();
-    }
-    released += got;
-    if (got != 0) continue;
-    if (fenced) break;
-    // Slots held in streams' small caches are reusable by their stream alone: queue them for the
-    // fence too, so that the pass below can give their chunks back.
-    pending = drop_arena_stream_caches() || pending;
-    if (!pending) break;
-    fenced = true;
-    fence_pass();  // waits for the device without the lock, then makes fenced memory free
-  }
-  if (released != 0) {
-    Outcome outcome;
-    {
-      std::lock_guard lock(mu_);
-      ++stats_.trims;
-      stats_.trimmed_bytes += released;
-      outcome.add(make_event(EventKind::trim, released, handles_released));
-    }
-    emit(outcome);
-  }
-  return released;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Chunks for the small pool
-
-Block* DevicePool::take_chunk(std::size_t size) noexcept {
-  std::lock_guard lock(mu_);
-  Block* b = nullptr;
-  Outcome scratch;
-  Outcome* outcome = tl_chunk_outcome != nullptr ? tl_chunk_outcome : &scratch;
-  if (allocate_chunk(size, &b, outcome) != Status::ok) return nullptr;
-  b->small_chunk = true;
-  b->arena = tl_arena != nullptr ? tl_arena->id : 0;
-  b->requested = size;
-  b->stream = kAnyStream;
-  return b;
-}
-
-Status DevicePool::allocate_chunk(std::size_t size, Block** out, Outcome* outcome) noexcept {
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    if (Block* b = take_from(chunks_, chunks_.free_blocks(), size, false)) {
-      ++stats_.cache_hits;
-      *out = b;
-      return Status::ok;
-    }
-    LargeHeap::Growth g;
-    const Status s = chunks_.grow(size, fresh_allowance(), out, &g);
-    sync_physical();
-    if (s == Status::ok) {
-      ++stats_.fresh;
-      outcome->how = ServedBy::fresh;
-      return Status::ok;
-    }
-    // No fresh memory: the large heap's idle handles go back to the driver, then retry.
-    if (attempt == 0 && trim_locked(0, outcome) == 0) break;
-  }
-  return Status::out_of_memory;
-}
-
-void DevicePool::return_chunks(Block* const* blocks, std::size_t n) noexcept {
-  std::lock_guard lock(mu_);
-  for (std::size_t i = 0; i < n; ++i) {
-    blocks[i]->small_chunk = false;
-    chunks_.make_free(blocks[i]);  // every slot was fenced before the chunk came back
-  }
-  // A chunk the arenas no longer keep goes back to the driver at once (one handle, about 14 us
-  // on an H200): held idle in the chunks' own address space it could serve no large block, and
-  // the large heap creates what it needs instead.
-  if (n != 0) {
-    chunks_.release(chunks_.idle_bytes());
-    sync_physical();
-  }
-}
-
-// The device path for a chunk is fresh memory: chunks_ gives its idle handles back as soon as a
-// chunk returns (return_chunks), so it holds no fenced chunk to offer, and the large heap's free
-// blocks live in another address space. Measured in replay before this rule (when the large
-// heap's free blocks counted as an offer): hf_llama_generate's growing KV-cache sizes took a
-// fresh 2 MiB chunk for each new size while 4 MiB of small objects were live, and reserved rose
-// to 1.57x of demand.
-bool DevicePool::fence_for_chunk(std::size_t) noexcept {
-  return tl_arena != nullptr && fence_arena(*tl_arena);
-}
-
-// ---------------------------------------------------------------------------------------------
 // Queries
 
 bool DevicePool::find(DevPtr ptr, BlockInfo* out) const noexcept {
@@ -1071,62 +450,6 @@ Status DevicePool::mem_info(std::size_t* free, std::size_t* total) noexcept {
   return Status::ok;
 }
 
-std::size_t DevicePool::largest_possible_locked(std::size_t device_free,
-                                                bool exact) const noexcept {
-  const std::size_t cap = cap_bytes();
-  std::size_t headroom = stats_.bytes_reserved >= cap ? 0 : cap - stats_.bytes_reserved;
-  headroom = std::min(headroom, device_free) / granularity_ * granularity_;
-  // Idle handles serve a request by moving (stitching on) or by being released and created
-  // again at the right size (trim and retry); pending and parked memory once fenced.
-  std::size_t idle =
-      exact ? heap_.idle_bytes() + chunks_.idle_bytes() : heap_.idle_bound() + chunks_.idle_bound();
-  if (config_.stitching) idle += stats_.bytes_pending + parked_bytes();
-  return std::max(heap_.largest_free(), headroom + idle);
-}
-
-DeviceStats DevicePool::stats() const noexcept {
-  std::size_t device_free = 0, device_total = 0;
-  const bool have_info = backend_.mem_info(device_, &device_free, &device_total) == Status::ok;
-  DeviceStats s;
-  std::uint64_t arena_bytes = 0, parked = 0;
-  for (const auto& a : arenas_) {
-    std::lock_guard lock(a->mu);
-    parked += a->large.parked_bytes();
-    s.allocs += a->allocs;
-    s.frees += a->frees;
-    s.cache_hits += a->cache_hits;
-    s.bytes_requested += a->bytes_requested;
-    s.live_blocks += a->live_blocks;
-    arena_bytes += a->bytes_allocated.load(std::memory_order_relaxed);
-    for (int i = 0; i < kHistogramBuckets; ++i) {
-      s.hist_allocs[i] += a->hist_allocs[i];
-      s.hist_live[i] += a->hist_live[i];
-    }
-  }
-  std::lock_guard lock(mu_);
-  const DeviceStats small = s;
-  s = stats_;
-  s.allocs += small.allocs;
-  s.frees += small.frees;
-  s.cache_hits += small.cache_hits;
-  s.bytes_requested += small.bytes_requested;
-  s.live_blocks += small.live_blocks;
-  s.bytes_allocated += arena_bytes;
-  s.bytes_pending += parked;  // parked large blocks: freed, reusable by their stream alone
-  for (int i = 0; i < kHistogramBuckets; ++i) {
-    s.hist_allocs[i] += small.hist_allocs[i];
-    s.hist_live[i] += small.hist_live[i];
-  }
-  s.peak_allocated = std::max(peak_.allocated.load(std::memory_order_relaxed), s.bytes_allocated);
-  if (!have_info) device_free = last_device_free_;
-  s.device_free = device_free;
-  s.device_total = have_info ? device_total : total_;
-  s.bytes_cached = s.bytes_reserved - s.bytes_allocated;
-  s.largest_free_block = heap_.largest_free();
-  s.largest_possible = usable_ ? largest_possible_locked(device_free, false) : 0;
-  return s;
-}
-
 std::string DevicePool::validate() const {
   std::lock_guard lock(mu_);
   if (!usable_) return {};
@@ -1142,37 +465,13 @@ std::string DevicePool::validate() const {
     return "bytes_reserved is not the heaps'";
   }
   for (const auto& [stream, set] : stream_free_) {
-    for (const Block* b : set) {
-      if (b->state != BlockState::pending || b->stream != stream) {
+    for (const Block& b : set) {
+      if (b.state != BlockState::pending || b.stream != stream) {
         return "a stream's pending set holds a block that is not its pending block";
       }
     }
   }
   return {};
-}
-
-PoolEvent DevicePool::make_event(EventKind kind, std::uint64_t size,
-                                 std::uint64_t pieces) noexcept {
-  PoolEvent e{};
-  e.kind = kind;
-  e.device = device_;
-  e.time_ns = now_ns();
-  e.size = size;
-  e.device_free = last_device_free_;
-  e.cached = stats_.bytes_reserved - stats_.bytes_allocated - arena_allocated();
-  e.largest_possible = usable_ ? largest_possible_locked(last_device_free_, true) : 0;
-  e.pieces = pieces;
-  e.fragmentation = stats_.bytes_reserved == 0
-                        ? 0.0
-                        : 1.0 - static_cast<double>(stats_.bytes_allocated + arena_allocated()) /
-                                    static_cast<double>(stats_.bytes_reserved);
-  return e;
-}
-
-void DevicePool::emit(const Outcome& outcome) noexcept {
-  if (observer_ == nullptr) return;
-  if (outcome.has_event) observer_->on_event(outcome.event);
-  if (outcome.has_event2) observer_->on_event(outcome.event2);
 }
 
 void DevicePool::after_fork_child() noexcept {

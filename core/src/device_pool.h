@@ -41,10 +41,10 @@ struct Outcome {
   }
 };
 
-class DevicePool final : private ChunkSource {
+class DevicePool final {
  public:
   DevicePool(Backend& backend, const Config& config, int device, PoolObserver* observer);
-  ~DevicePool() override;
+  ~DevicePool();
 
   // Does not count out-of-memory: the caller reports the final failure with note_out_of_memory.
   Status allocate(std::size_t size, Stream stream, DevPtr* out, Outcome* outcome) noexcept;
@@ -149,10 +149,24 @@ class DevicePool final : private ChunkSource {
   void note_peak() noexcept;                       // lock held
   void note_peak_arena(Arena& a) noexcept;         // a's lock held, device lock not needed
 
-  // --- ChunkSource for the arenas: take the device lock themselves ---
-  Block* take_chunk(std::size_t size) noexcept override;  // for the arena in tl_arena_
-  void return_chunks(Block* const* blocks, std::size_t n) noexcept override;
-  bool fence_for_chunk(std::size_t size) noexcept override;  // for the arena in tl_arena_
+  // --- chunks for one arena's small pool: take the device lock themselves ---
+  // The ChunkSource an arena's small pool draws on while the arena's lock is held: which arena
+  // asks, and where the events of a fresh chunk go, travel with the call (no thread-locals).
+  class ArenaChunks final : public ChunkSource {
+   public:
+    ArenaChunks(DevicePool& pool, Arena& arena, Outcome* outcome) noexcept
+        : pool_(pool), arena_(arena), outcome_(outcome) {}
+    Block* take_chunk(std::size_t size) noexcept override;
+    void return_chunks(Block* const* blocks, std::size_t n) noexcept override;
+    bool fence_for_chunk(std::size_t size) noexcept override;
+
+   private:
+    DevicePool& pool_;
+    Arena& arena_;
+    Outcome* outcome_;  // nullptr: events of the chunk path are dropped (promotion, release)
+  };
+  Block* take_chunk(Arena& a, std::size_t size, Outcome* outcome) noexcept;
+  void return_chunks(Block* const* blocks, std::size_t n) noexcept;
 
   void emit(const Outcome& outcome) noexcept;
   PoolEvent make_event(EventKind kind, std::uint64_t size, std::uint64_t pieces) noexcept;

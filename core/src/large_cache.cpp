@@ -7,7 +7,10 @@ LargeCache::LargeCache(std::size_t budget) : budget_(budget) {}
 
 Block* LargeCache::remove_at(std::size_t i) noexcept {
   Block* b = parked_[i];
-  for (std::size_t j = i + 1; j < count_; ++j) parked_[j - 1] = parked_[j];
+  for (std::size_t j = i + 1; j < count_; ++j) {
+    parked_[j - 1] = parked_[j];
+    sizes_[j - 1] = sizes_[j];
+  }
   parked_[--count_] = nullptr;
   parked_bytes_ -= b->size;
   b->parked.store(false, std::memory_order_relaxed);
@@ -19,14 +22,15 @@ Block* LargeCache::take(Stream stream, std::size_t rounded, Fenced fenced,
   *unfenced_fits = 0;
   std::size_t best = kMaxParked;
   for (std::size_t i = count_; i-- > 0;) {  // newest first: among equals, the warmest block
+    const std::size_t size = sizes_[i];
+    if (size < rounded || size - rounded > rounded / 8) continue;
     const Block* b = parked_[i];
-    if (b->size < rounded || b->size - rounded > rounded / 8) continue;
     if ((stream == kAnyStream || b->stream != stream) && !fenced.covers(b)) {
       ++*unfenced_fits;
       continue;
     }
-    if (best == kMaxParked || b->size < parked_[best]->size) best = i;
-    if (b->size == rounded) break;
+    if (best == kMaxParked || size < sizes_[best]) best = i;
+    if (size == rounded) break;
   }
   return best == kMaxParked ? nullptr : remove_at(best);
 }
@@ -42,6 +46,7 @@ std::size_t LargeCache::park(Block* b, Block** evicted) noexcept {
     }
   }
   b->parked.store(true, std::memory_order_relaxed);
+  sizes_[count_] = b->size;
   parked_[count_++] = b;
   parked_bytes_ += b->size;
   return n;

@@ -65,12 +65,8 @@ DevPtr align_down(DevPtr v, std::size_t a) {
 }
 }  // namespace
 
-LargeHeap::LargeHeap(Backend& backend, int device, const Options& options,
-                     std::pmr::memory_resource* nodes) noexcept
-    : options_(options),
-      space_(backend, device, options.granularity),
-      backing_(backend, device),
-      free_(nodes) {
+LargeHeap::LargeHeap(Backend& backend, int device, const Options& options) noexcept
+    : options_(options), space_(backend, device, options.granularity), backing_(backend, device) {
   try {
     candidates_.reserve(kMaxCandidates);
     chosen_.reserve(256);
@@ -92,15 +88,15 @@ void LargeHeap::make_free(Block* b) noexcept {
   b->state = BlockState::free;
   b->stream = kAnyStream;
   if (Block* p = b->prev; p != nullptr && p->state == BlockState::free) {
-    free_.erase(p);
+    free_.erase(free_.iterator_to(*p));
     space_.absorb_next(p);
     b = p;
   }
   if (Block* n = b->next; n != nullptr && n->state == BlockState::free) {
-    free_.erase(n);
+    free_.erase(free_.iterator_to(*n));
     space_.absorb_next(b);
   }
-  free_.insert(b);
+  free_.insert(*b);
 }
 
 bool LargeHeap::place(std::size_t rounded, Window* w) const noexcept {
@@ -143,7 +139,7 @@ void LargeHeap::collect_idle(const Window& w, std::size_t rounded, std::size_t w
   candidates_.clear();
   std::size_t found = 0, scanned = 0;
   for (auto it = free_.rbegin(); it != free_.rend() && scanned < kMaxScanBlocks; ++it, ++scanned) {
-    const Block* b = *it;
+    const Block* b = &*it;
     if (b == w.prev || b == w.next || b->size < options_.granularity || !usable_for(b, rounded)) {
       continue;
     }
@@ -161,13 +157,13 @@ void LargeHeap::collect_idle(const Window& w, std::size_t rounded, std::size_t w
 
 bool LargeHeap::carve(Handle* h) noexcept {
   Block* b = space_.block_at(h->at);
-  free_.erase(b);
+  free_.erase(free_.iterator_to(*b));
   if (b->ptr < h->at) {
     Block* rest = space_.split(b, h->at - b->ptr);
-    free_.insert(b);
+    free_.insert(*b);
     b = rest;
   }
-  if (b->size > h->size) free_.insert(space_.split(b, h->size));
+  if (b->size > h->size) free_.insert(*space_.split(b, h->size));
   space_.set_unbacked(b);
   space_.merge_unbacked(b);
   return true;
@@ -317,13 +313,13 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
     make_free(u);
   }
   Block* b = space_.block_at(w.start);
-  free_.erase(b);
+  free_.erase(free_.iterator_to(*b));
   if (b->ptr < w.start) {
     Block* rest = space_.split(b, w.start - b->ptr);
-    free_.insert(b);
+    free_.insert(*b);
     b = rest;
   }
-  if (b->size > rounded) free_.insert(space_.split(b, rounded));
+  if (b->size > rounded) free_.insert(*space_.split(b, rounded));
   b->state = BlockState::allocated;
   for (std::size_t i = chosen_.size() - created; i < chosen_.size(); ++i) {
     growth->fresh_bytes += chosen_[i]->size;
@@ -346,8 +342,8 @@ std::size_t LargeHeap::idle_bytes() const noexcept {
 std::size_t LargeHeap::idle_bound() const noexcept {
   const std::size_t g = options_.granularity;
   std::size_t total = backing_.spare_bytes();
-  for (const Block* b : free_) {
-    const DevPtr lo = align_up(b->ptr, g), hi = align_down(b->end(), g);
+  for (const Block& b : free_) {
+    const DevPtr lo = align_up(b.ptr, g), hi = align_down(b.end(), g);
     if (hi > lo) total += hi - lo;
   }
   return total;
@@ -426,8 +422,9 @@ std::string LargeHeap::validate() const {
       if (unbacked != b->unbacked_hook.is_linked()) return fail("unbacked index", b);
       if (b->state == BlockState::free) {
         ++free_count;
-        if (free_.find(const_cast<Block*>(b)) == free_.end())
+        if (!b->free_hook.is_linked() || free_.find(*b) == free_.end()) {
           return fail("free block not indexed", b);
+        }
       }
       if (unbacked) {
         if (b->ptr % options_.granularity != 0 || b->size % options_.granularity != 0) {

@@ -6,6 +6,8 @@
 // backing policy) -> AddressSpace (blocks) + Backing (handles) -> Backend.
 #pragma once
 
+#include <boost/intrusive/set.hpp>
+
 #include <memory_resource>
 #include <set>
 #include <string>
@@ -41,14 +43,18 @@ class LargeHeap {
   };
 
   struct BySize {
-    bool operator()(const Block* a, const Block* b) const {
-      return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
+    bool operator()(const Block& a, const Block& b) const {
+      return a.size != b.size ? a.size < b.size : a.ptr < b.ptr;
     }
   };
-  using FreeSet = std::pmr::set<Block*, BySize>;
+  // Intrusive (Block::free_hook): inserting and erasing allocate nothing, so the free and
+  // allocation paths, all noexcept, cannot fail for want of host memory here.
+  using FreeSet =
+      boost::intrusive::set<Block,
+                            boost::intrusive::member_hook<Block, AddressHook, &Block::free_hook>,
+                            boost::intrusive::compare<BySize>>;
 
-  LargeHeap(Backend& backend, int device, const Options& options,
-            std::pmr::memory_resource* nodes) noexcept;
+  LargeHeap(Backend& backend, int device, const Options& options) noexcept;
   Status init(std::size_t device_total) noexcept;  // reserves the first span
 
   bool contains(DevPtr ptr) const noexcept { return space_.contains(ptr); }
@@ -56,7 +62,7 @@ class LargeHeap {
 
   // Fenced free blocks, by size (DevicePool's best fit reads and cuts them).
   FreeSet& free_blocks() noexcept { return free_; }
-  std::size_t largest_free() const noexcept { return free_.empty() ? 0 : (*free_.rbegin())->size; }
+  std::size_t largest_free() const noexcept { return free_.empty() ? 0 : free_.rbegin()->size; }
   // b keeps [0,size), the rest is returned (b's state); nullptr: no host memory, nothing changed.
   Block* split(Block* b, std::size_t size) noexcept { return space_.split(b, size); }
   // b becomes free: merged with free neighbours and indexed by size.

@@ -40,7 +40,10 @@ struct Block {
   Block* next = nullptr;
   AddressHook addr_hook;      // AddressSpace's index of every block, by address
   AddressHook unbacked_hook;  // AddressSpace's index of unbacked blocks, by address
-  std::uint16_t span = 0;     // which reservation of the address space
+  // In at most one free set (LargeHeap::FreeSet): its heap's free blocks, or, pending, its
+  // stream's set of blocks that stream may reuse at once.
+  AddressHook free_hook;
+  std::uint16_t span = 0;  // which reservation of the address space
   BlockState state = BlockState::free;
   bool small_chunk = false;  // allocated to the small-object pool as a chunk
   // Held by an arena's large cache (large_cache.h): live there or parked. Written under both the

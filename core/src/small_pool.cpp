@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <new>
 
 namespace gpustitch::detail {
 namespace {
@@ -58,10 +59,10 @@ SmallPool::StreamCache& SmallPool::cache_of(Stream stream) {
   return caches;
 }
 
-void SmallPool::drop_stream_caches() {
+void SmallPool::drop_stream_caches() noexcept {
   for (auto& [stream, caches] : stream_caches_) {
     for (auto& cache : caches) {
-      while (!cache.empty()) pending_.push_back(cache.pop_oldest());
+      while (!cache.empty()) queue(cache.pop_oldest());
     }
   }
   stream_caches_.clear();
@@ -73,11 +74,25 @@ std::size_t SmallPool::class_size(std::size_t size) const {
   return classes_[class_index(std::max<std::size_t>(size, 1))].size;
 }
 
-void SmallPool::add_partial(Chunk* c) {
+void SmallPool::add_partial(Chunk* c) noexcept {
   if (c->partial_index != SIZE_MAX) return;
   auto& list = classes_[c->cls].partial;
-  c->partial_index = list.size();
-  list.push_back(c);
+  try {
+    list.push_back(c);
+  } catch (...) {
+    return;  // no host memory: c's free slots wait until it empties (then it is a spare)
+  }
+  c->partial_index = list.size() - 1;
+}
+
+void SmallPool::queue(const SlotRef& ref) noexcept {
+  try {
+    pending_.push_back(ref);
+  } catch (...) {
+    // No host memory for the queue: the slot is not reused until its chunk is carved afresh,
+    // and `pending` keeps counting only the entries that name the chunk.
+    --ref.chunk->pending;
+  }
 }
 
 void SmallPool::remove_partial(Chunk* c) {
@@ -98,7 +113,15 @@ void SmallPool::take_slot(Chunk* c, std::uint32_t slot, std::size_t requested) {
   ++live_slots_;
 }
 
-SmallAlloc SmallPool::allocate(std::size_t size, Stream stream, ChunkSource& source) {
+SmallAlloc SmallPool::allocate(std::size_t size, Stream stream, ChunkSource& source) noexcept {
+  try {
+    return allocate_slot(size, stream, source);
+  } catch (...) {
+    return {};  // host memory ran out (a stream's cache table, a chunk's tables): no slot
+  }
+}
+
+SmallAlloc SmallPool::allocate_slot(std::size_t size, Stream stream, ChunkSource& source) {
   const std::uint32_t cls = class_index(std::max<std::size_t>(size, 1));
   SizeClass& sc = classes_[cls];
   // 1. A slot this stream freed itself: stream order makes reuse safe without a fence.
@@ -140,7 +163,7 @@ SmallAlloc SmallPool::allocate(std::size_t size, Stream stream, ChunkSource& sou
   return {c->base + std::size_t{slot} * c->slot_size, c, slot, from_new, fenced};
 }
 
-void SmallPool::free(Chunk* c, std::uint32_t slot, Stream stream, std::uint64_t epoch) {
+void SmallPool::free(Chunk* c, std::uint32_t slot, Stream stream, std::uint64_t epoch) noexcept {
   ++c->gen[slot];
   c->allocated[slot] = 0;
   --c->live;
@@ -148,12 +171,16 @@ void SmallPool::free(Chunk* c, std::uint32_t slot, Stream stream, std::uint64_t 
   --live_slots_;
   const SlotRef ref{c, slot, c->gen[slot], epoch};
   if (stream == kAnyStream) {
-    pending_.push_back(ref);
+    queue(ref);
     return;
   }
-  auto& cache = cache_of(stream)[c->cls];
-  if (cache.full()) pending_.push_back(cache.pop_oldest());  // its fence makes it anyone's
-  cache.push(ref);
+  try {
+    auto& cache = cache_of(stream)[c->cls];
+    if (cache.full()) queue(cache.pop_oldest());  // its fence makes it anyone's
+    cache.push(ref);
+  } catch (...) {
+    queue(ref);  // no host memory for the stream's cache: the fence queue instead
+  }
 }
 
 void SmallPool::carve(Chunk* c, std::uint32_t cls) {
@@ -181,22 +208,29 @@ Chunk* SmallPool::new_chunk(std::uint32_t cls, ChunkSource& source, bool* from_s
       }
     }
     Chunk* c = spare_[pick];
+    if (c->cls != cls) carve(c, cls);  // may throw: c is still a spare then
     spare_.erase(spare_.begin() + static_cast<std::ptrdiff_t>(pick));
-    if (c->cls != cls) carve(c, cls);
     return c;
   }
   Block* block = source.take_chunk(chunk_size_);
   if (block == nullptr) return nullptr;
-  auto* c = new Chunk;
-  c->block = block;
-  c->base = block->ptr;
-  carve(c, cls);
-  chunks_.emplace(c->base, c);
+  // Without host memory for the chunk's tables the block goes straight back: no slot names it.
+  std::unique_ptr<Chunk> c(new (std::nothrow) Chunk);
+  try {
+    if (c == nullptr) throw std::bad_alloc();
+    c->block = block;
+    c->base = block->ptr;
+    carve(c.get(), cls);
+    chunks_.emplace(c->base, c.get());
+  } catch (...) {
+    source.return_chunks(&block, 1);
+    throw;
+  }
   *from_source = true;
-  return c;
+  return c.release();
 }
 
-void SmallPool::release_spares(std::size_t n, ChunkSource& source) {
+void SmallPool::release_spares(std::size_t n, ChunkSource& source) noexcept {
   Block* blocks[kMaxSpareChunks + 1];
   for (std::size_t i = 0; i < n; ++i) {
     Chunk* c = spare_[i];
@@ -209,7 +243,7 @@ void SmallPool::release_spares(std::size_t n, ChunkSource& source) {
   if (n > 0) source.return_chunks(blocks, n);
 }
 
-void SmallPool::promote(std::uint64_t epoch, ChunkSource& source) {
+void SmallPool::promote(std::uint64_t epoch, ChunkSource& source) noexcept {
   while (!pending_.empty() && pending_.front().epoch <= epoch) {
     SlotRef ref = pending_.front();
     pending_.pop_front();
@@ -230,7 +264,7 @@ void SmallPool::promote(std::uint64_t epoch, ChunkSource& source) {
   }
 }
 
-std::size_t SmallPool::release_empty(ChunkSource& source) {
+std::size_t SmallPool::release_empty(ChunkSource& source) noexcept {
   const std::size_t n = spare_.size();
   release_spares(n, source);
   return n;

@@ -43,6 +43,10 @@
 // computed (no search), caches are fixed rings, and the last stream's cache is remembered so a
 // stream looping on one thread skips the hash lookup.
 //
+// Host memory: nothing here throws. An allocation that cannot get host memory for its tables
+// fails like one without device memory; a free that cannot queue its slot leaves the slot unused
+// until its chunk is carved afresh (small_pool.cpp).
+//
 // Not thread-safe: DevicePool calls it under its arena's lock.
 #pragma once
 
@@ -71,7 +75,7 @@ struct Chunk {
   std::size_t partial_index = SIZE_MAX;  // position in its class's partial list
 };
 
-// Supplies and takes back chunks (implemented by DevicePool).
+// Supplies and takes back chunks (DevicePool::ArenaChunks: one per arena and call).
 class ChunkSource {
  public:
   virtual ~ChunkSource() = default;
@@ -102,18 +106,18 @@ class SmallPool {
   std::size_t class_size(std::size_t size) const;
 
   // Allocates one slot; ptr == 0 when no chunk could be had.
-  SmallAlloc allocate(std::size_t size, Stream stream, ChunkSource& source);
-  void free(Chunk* chunk, std::uint32_t slot, Stream stream, std::uint64_t epoch);
+  SmallAlloc allocate(std::size_t size, Stream stream, ChunkSource& source) noexcept;
+  void free(Chunk* chunk, std::uint32_t slot, Stream stream, std::uint64_t epoch) noexcept;
   // Makes slots freed at or before epoch reusable. Chunks that become empty join the spares; those
   // beyond kMaxSpareChunks go back to source.
-  void promote(std::uint64_t epoch, ChunkSource& source);
+  void promote(std::uint64_t epoch, ChunkSource& source) noexcept;
   bool has_pending() const { return !pending_.empty(); }
   // Returns every empty, fenced chunk (the spares) to source. Returns the number of chunks
   // returned.
-  std::size_t release_empty(ChunkSource& source);
+  std::size_t release_empty(ChunkSource& source) noexcept;
   // Empties the per-stream caches into the fence queue (their slots are reusable by anyone once
   // fenced).
-  void drop_stream_caches();
+  void drop_stream_caches() noexcept;
   // The chunk containing ptr, if any.
   Chunk* chunk_of(DevPtr ptr) const;
 
@@ -178,7 +182,11 @@ class SmallPool {
   StreamCache& cache_of(Stream stream);
 
   std::uint32_t class_index(std::size_t size) const;
-  void add_partial(Chunk* c);
+  void add_partial(Chunk* c) noexcept;
+  // Appends to the fence queue; without host memory the slot is left unused instead, until its
+  // chunk is carved afresh (the chunk's pending count still equals the entries naming it).
+  void queue(const SlotRef& ref) noexcept;
+  SmallAlloc allocate_slot(std::size_t size, Stream stream, ChunkSource& source);
   void remove_partial(Chunk* c);
   void take_slot(Chunk* c, std::uint32_t slot, std::size_t requested);
   // A chunk for class cls, carved: a spare (one of that class first), else one from source
@@ -186,7 +194,7 @@ class SmallPool {
   Chunk* new_chunk(std::uint32_t cls, ChunkSource& source, bool* from_source);
   void carve(Chunk* c, std::uint32_t cls);
   // Returns spare_[0, n) (the oldest) to source in one call and forgets them.
-  void release_spares(std::size_t n, ChunkSource& source);
+  void release_spares(std::size_t n, ChunkSource& source) noexcept;
 
   std::size_t limit_;
   std::size_t chunk_size_;
