@@ -118,7 +118,7 @@ std::string oom_message(Pool& pool, int device, std::size_t size, bool with_hold
       100.0 * s.fragmentation());
   if (size > obtainable) {
     line += fmt::format(
-        "; verdict: real shortage, {} more than device free + pool cached ({}) together", 
+        "; verdict: real shortage, {} more than device free + pool cached ({}) together",
         human(size - obtainable), human(obtainable));
   } else {
     line += fmt::format(

@@ -425,11 +425,11 @@ TEST(Coop, OutOfMemoryLineNamesTheProcessesHoldingTheGpu) {
     if (!published) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ASSERT_TRUE(published);
-  subprocess::Result r = subprocess::run(
-      {PROBE_PATH, "oom", "400", "0"},
-      {std::string("LD_PRELOAD=") + PRELOAD,
-       std::string("LD_LIBRARY_PATH=") + RUNTIME_DIR + ":" + DRIVER_DIR,
-       "GPUSTITCH_CONF=" + dev.conf("coop:off,log_level:error")});
+  subprocess::Result r =
+      subprocess::run({PROBE_PATH, "oom", "400", "0"},
+                      {std::string("LD_PRELOAD=") + PRELOAD,
+                       std::string("LD_LIBRARY_PATH=") + RUNTIME_DIR + ":" + DRIVER_DIR,
+                       "GPUSTITCH_CONF=" + dev.conf("coop:off,log_level:error")});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("oom_rc=2"), std::string::npos) << r.out;
   EXPECT_NE(r.err.find("verdict: real shortage"), std::string::npos) << r.err;

@@ -78,8 +78,8 @@ TEST_F(MemPoolHooks, DefaultPoolReportsThePoolsFigures) {
   // The fragmentation PyTorch users compute from these is the pool's own.
   const double frag = 1.0 - static_cast<double>(attr(pool_, kUsedCurrent)) /
                                 static_cast<double>(attr(pool_, kReservedCurrent));
-  EXPECT_DOUBLE_EQ(frag, 1.0 - static_cast<double>(s.bytes_allocated) /
-                               static_cast<double>(s.bytes_reserved));
+  EXPECT_DOUBLE_EQ(
+      frag, 1.0 - static_cast<double>(s.bytes_allocated) / static_cast<double>(s.bytes_reserved));
   // The driver's pool never saw the allocation; its own query was still made (once per call).
   EXPECT_EQ(fakecuda_calls("cuMemAllocAsync"), 0);
   EXPECT_EQ(fakecuda_calls("cuMemPoolGetAttribute"), 6);
@@ -138,9 +138,8 @@ TEST_F(MemPoolHooks, DriverFormsByNameDlsymAndGetProcAddressAnswerTheSame) {
   ASSERT_NE(libcuda, nullptr);
   auto get_proc = reinterpret_cast<cu::GetProcAddress>(dlsym(libcuda, "cuGetProcAddress_v2"));
   ASSERT_NE(get_proc, nullptr);
-  for (const char* name :
-       {"cuDeviceGetDefaultMemPool", "cuMemPoolGetAttribute", "cuMemPoolSetAttribute",
-        "cuMemPoolTrimTo"}) {
+  for (const char* name : {"cuDeviceGetDefaultMemPool", "cuMemPoolGetAttribute",
+                           "cuMemPoolSetAttribute", "cuMemPoolTrimTo"}) {
     void* by_dlsym = dlsym(libcuda, name);
     void* by_proc = nullptr;
     int status = -1;

@@ -91,7 +91,8 @@ int main(int argc, char** argv) {
   const char* action = argc > 1 ? argv[1] : "alloc";
   if (std::strcmp(action, "pluggable") == 0 && argc > 2) return pluggable(argv[2]);
   if (std::strcmp(action, "snapshot") == 0 && argc > 3) return snapshot(argv[2], argv[3]);
-  if (std::strcmp(action, "oom") == 0 && argc > 3) return oom(std::atol(argv[2]), std::atol(argv[3]));
+  if (std::strcmp(action, "oom") == 0 && argc > 3)
+    return oom(std::atol(argv[2]), std::atol(argv[3]));
   if (std::strcmp(action, "alloc") != 0) return 2;
   cudaSetDevice(0);
   void* libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);  // loaded by the runtime

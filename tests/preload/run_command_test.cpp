@@ -43,7 +43,8 @@ TEST(RunCommand, SetsThePreloadTheConfigurationAndFrameworkSwitches) {
 }
 
 // PyTorch's allocator setting: the stream-ordered backend unless the user chose otherwise; a
-// PYTORCH_CUDA_ALLOC_CONF without a backend key is kept and PyTorch's cache is turned off beside it.
+// PYTORCH_CUDA_ALLOC_CONF without a backend key is kept and PyTorch's cache is turned off beside
+// it.
 TEST(RunCommand, PyTorchAllocatorChoiceNeverOverridesTheUser) {
   struct Case {
     std::vector<std::string> env;
@@ -53,13 +54,16 @@ TEST(RunCommand, PyTorchAllocatorChoiceNeverOverridesTheUser) {
       {{}, "backend:cudaMallocAsync", "<unset>"},
       {{"PYTORCH_CUDA_ALLOC_CONF=backend:native"}, "backend:native", "<unset>"},
       {{"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,backend:cudaMallocAsync"},
-       "expandable_segments:True,backend:cudaMallocAsync", "<unset>"},
+       "expandable_segments:True,backend:cudaMallocAsync",
+       "<unset>"},
       {{"PYTORCH_CUDA_ALLOC_CONF= backend = native"}, " backend = native", "<unset>"},
       {{"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"}, "expandable_segments:True", "1"},
       {{"PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128,roundup_power2_divisions:4"},
-       "max_split_size_mb:128,roundup_power2_divisions:4", "1"},
+       "max_split_size_mb:128,roundup_power2_divisions:4",
+       "1"},
       {{"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "PYTORCH_NO_CUDA_MEMORY_CACHING=0"},
-       "expandable_segments:True", "0"},
+       "expandable_segments:True",
+       "0"},
       {{"PYTORCH_NO_CUDA_MEMORY_CACHING=1"}, "<unset>", "1"},
       {{"PYTORCH_NO_CUDA_MEMORY_CACHING=0"}, "<unset>", "0"},
   };

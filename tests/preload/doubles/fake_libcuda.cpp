@@ -131,8 +131,7 @@ Ctx* current() {
   return t_ctx_stack.empty() ? nullptr : t_ctx_stack.back();
 }
 
-CUresult allocate(CUdeviceptr* p, std::size_t size, int device, Kind kind,
-                  bool from_pool = false) {
+CUresult allocate(CUdeviceptr* p, std::size_t size, int device, Kind kind, bool from_pool = false) {
   auto& d = drv();
   std::lock_guard g(d.mu);
   if (kind != Kind::host && d.used[device] + size > d.capacity) return kOom;
@@ -552,12 +551,23 @@ API CUresult cuMemPoolGetAttribute(CUmemPoolHandle_st* h, int attr, void* value)
     case 3:
       std::memcpy(value, &p->reuse[attr - 1], sizeof(int));
       return kOk;
-    case 4: v = p->release_threshold; break;
-    case 5: v = p->reserved; break;
-    case 6: v = p->reserved_high; break;
-    case 7: v = p->used; break;
-    case 8: v = p->used_high; break;
-    default: return kInvalidValue;
+    case 4:
+      v = p->release_threshold;
+      break;
+    case 5:
+      v = p->reserved;
+      break;
+    case 6:
+      v = p->reserved_high;
+      break;
+    case 7:
+      v = p->used;
+      break;
+    case 8:
+      v = p->used_high;
+      break;
+    default:
+      return kInvalidValue;
   }
   std::memcpy(value, &v, sizeof v);
   return kOk;
@@ -575,7 +585,9 @@ API CUresult cuMemPoolSetAttribute(CUmemPoolHandle_st* h, int attr, void* value)
     case 3:
       std::memcpy(&p->reuse[attr - 1], value, sizeof(int));
       return kOk;
-    case 4: p->release_threshold = v; return kOk;
+    case 4:
+      p->release_threshold = v;
+      return kOk;
     case 6:
       if (v != 0) return kInvalidValue;
       p->reserved_high = p->reserved;
@@ -584,7 +596,8 @@ API CUresult cuMemPoolSetAttribute(CUmemPoolHandle_st* h, int attr, void* value)
       if (v != 0) return kInvalidValue;
       p->used_high = p->used;
       return kOk;
-    default: return kInvalidValue;  // 5 and 7 are read-only
+    default:
+      return kInvalidValue;  // 5 and 7 are read-only
   }
 }
 API CUresult cuMemPoolTrimTo(CUmemPoolHandle_st* h, std::size_t keep) {
