@@ -53,13 +53,17 @@ struct Holder {
   std::string command;
 };
 
-// The command a record names, short: its command line (NULs are separators) or its executable.
+// The command a record names, short: its command line (NULs separate the words) with the program
+// reduced to its file name, or its executable; never a control character.
 std::string short_command(const shm::ProcessIdentity& id) {
   std::string c = id.cmdline.empty() ? id.exe : id.cmdline;
   std::replace(c.begin(), c.end(), '\0', ' ');
   while (!c.empty() && c.back() == ' ') c.pop_back();
+  const std::size_t end = std::min(c.find(' '), c.size());
+  const std::size_t slash = c.rfind('/', end == 0 ? 0 : end - 1);
+  if (slash != std::string::npos && slash < end) c.erase(0, slash + 1);
   for (char& ch : c) {
-    if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = '?';  // never a control char
+    if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = '?';
   }
   if (c.size() > kMaxCommand) c = c.substr(0, kMaxCommand - 3) + "...";
   return c;
@@ -131,7 +135,7 @@ std::string oom_message(Pool& pool, int device, std::size_t size, bool with_hold
     if (!hs.empty()) {
       line += "; holding most on this GPU:";
       for (std::size_t i = 0; i < hs.size(); ++i) {
-        line += fmt::format("{} pid {} ({}) {}", i == 0 ? " " : ", ", hs[i].pid, hs[i].command,
+        line += fmt::format("{}pid {} ({}) {}", i == 0 ? " " : ", ", hs[i].pid, hs[i].command,
                             human(hs[i].reserved));
       }
     }
