@@ -67,6 +67,14 @@ typedef struct gpustitch_device_stats {
  * Returns 0 on success, -1 if the pool is not active or device is out of range. */
 int gpustitch_get_stats(int device, gpustitch_device_stats* out, size_t size);
 
+/* Releases device's idle cached memory back to the driver (after its pending frees), as
+ * torch.cuda.empty_cache() does for PyTorch's cache. Returns the bytes released, or -1 if the pool
+ * is not active or device is out of range. */
+long long gpustitch_trim(int device);
+
+/* Devices the pool serves (0 when it is not active). */
+int gpustitch_device_count(void);
+
 /* The library version, e.g. "0.1.0". */
 const char* gpustitch_version(void);
 
