@@ -162,6 +162,8 @@ const std::vector<KeySpec>& key_specs() {
          }
          return false;
        }},
+      {"summary", "on or off",
+       [](std::string_view v, Config& c) { return parse_bool(v, &c.summary); }},
       {"publish", "on or off",
        [](std::string_view v, Config& c) { return parse_bool(v, &c.publish); }},
       {"publish_interval_ms", "milliseconds between 10 and 60000",

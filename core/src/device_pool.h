@@ -58,6 +58,10 @@ class DevicePool final {
   Status grant_peer_access(int peer) noexcept;
   Status mem_info(std::size_t* free, std::size_t* total) noexcept;
   DeviceStats stats() const noexcept;
+  // High-water marks since the last reset (Pool::peaks_since_reset).
+  PeakWindow peaks_since_reset() const noexcept;
+  void reset_peak_allocated() noexcept;
+  void reset_peak_reserved() noexcept;
   Status memory_map(std::vector<MappedSegment>* out) const noexcept;  // memory_map.cpp
   void drain_pending() noexcept;
   std::string validate() const;  // Pool::validate
@@ -211,8 +215,11 @@ class DevicePool final {
     std::atomic<std::uint64_t> device_allocated{0};
     std::atomic<std::uint64_t> allocated{0};
     std::atomic<std::uint64_t> gen{0};
+    // The same peak since the last reset_peak_allocated (starts with the lifetime one).
+    std::atomic<std::uint64_t> window{0};
   };
   Peak peak_;
+  std::uint64_t window_reserved_ = 0;  // peak reserved since reset_peak_reserved (lock held)
   std::size_t last_device_free_ = 0;
   Reclaimer reclaimer_;
 };

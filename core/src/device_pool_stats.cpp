@@ -1,4 +1,5 @@
-// DevicePool's statistics: the figures stats() reports, peak tracking, and the events handed to
+// DevicePool's statistics: the figures stats() reports, peak tracking (lifetime peaks, and the
+// resettable high-water marks PyTorch's reset_peak_memory_stats restarts), and the events handed to
 // the observer after the device lock is released (statistics observe the pool; nothing flows
 // back from them).
 #include "device_pool.h"
@@ -15,6 +16,7 @@ void DevicePool::sync_physical() noexcept {
   stats_.handles = heap_.handle_count() + chunks_.handle_count();
   stats_.views = heap_.span_count() + chunks_.span_count();
   stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.bytes_reserved);
+  window_reserved_ = std::max(window_reserved_, stats_.bytes_reserved);
 }
 
 std::size_t DevicePool::fresh_allowance() const noexcept {
@@ -45,7 +47,9 @@ void DevicePool::note_out_of_memory(std::size_t size) noexcept {
 }
 
 void DevicePool::note_peak() noexcept {
-  atomic_max(peak_.allocated, stats_.bytes_allocated + arena_allocated());
+  const std::uint64_t now = stats_.bytes_allocated + arena_allocated();
+  atomic_max(peak_.allocated, now);
+  atomic_max(peak_.window, now);
   // Written under the device lock only: a plain increment, no locked instruction.
   peak_.gen.store(peak_.gen.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
 }
@@ -62,8 +66,33 @@ void DevicePool::note_peak_arena(Arena& a) noexcept {
   if (gen == a.peak_gen && mine <= a.peak_high) return;
   a.peak_gen = gen;
   a.peak_high = mine;
-  atomic_max(peak_.allocated,
-             peak_.device_allocated.load(std::memory_order_relaxed) + arena_allocated());
+  const std::uint64_t now =
+      peak_.device_allocated.load(std::memory_order_relaxed) + arena_allocated();
+  atomic_max(peak_.allocated, now);
+  atomic_max(peak_.window, now);
+}
+
+// A reset restarts the window at what is allocated now and bumps the generation, so that every
+// arena sums again at its next allocation (its own high mark belongs to the old window).
+void DevicePool::reset_peak_allocated() noexcept {
+  std::lock_guard lock(mu_);
+  peak_.window.store(stats_.bytes_allocated + arena_allocated(), std::memory_order_relaxed);
+  peak_.gen.store(peak_.gen.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+}
+
+void DevicePool::reset_peak_reserved() noexcept {
+  std::lock_guard lock(mu_);
+  window_reserved_ = stats_.bytes_reserved;
+}
+
+// No driver query (unlike stats()): PyTorch reads these on every memory_stats().
+PeakWindow DevicePool::peaks_since_reset() const noexcept {
+  std::lock_guard lock(mu_);
+  PeakWindow w;
+  w.allocated = std::max(peak_.window.load(std::memory_order_relaxed),
+                         stats_.bytes_allocated + arena_allocated());
+  w.reserved = std::max(window_reserved_, stats_.bytes_reserved);
+  return w;
 }
 
 std::size_t DevicePool::largest_possible_locked(std::size_t device_free,

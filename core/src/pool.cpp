@@ -111,6 +111,19 @@ DeviceStats Pool::stats(int device) const noexcept {
   return dp == nullptr ? DeviceStats{} : dp->stats();
 }
 
+PeakWindow Pool::peaks_since_reset(int device) const noexcept {
+  DevicePool* dp = this->device(device);
+  return dp == nullptr ? PeakWindow{} : dp->peaks_since_reset();
+}
+
+void Pool::reset_peak_allocated(int device) noexcept {
+  if (DevicePool* dp = this->device(device)) dp->reset_peak_allocated();
+}
+
+void Pool::reset_peak_reserved(int device) noexcept {
+  if (DevicePool* dp = this->device(device)) dp->reset_peak_reserved();
+}
+
 std::string Pool::validate(int device) const {
   DevicePool* dp = this->device(device);
   return dp == nullptr ? "no such device" : dp->validate();

@@ -92,6 +92,17 @@ __attribute__((visibility("default"))) int gpustitch_get_stats(int device,
   return 0;
 }
 
+__attribute__((visibility("default"))) long long gpustitch_trim(int device) {
+  Pool* pool = pl::shim_active() ? pl::existing_pool() : nullptr;
+  if (!pool || device < 0 || device >= pool->device_count()) return -1;
+  return static_cast<long long>(pool->trim(device));
+}
+
+__attribute__((visibility("default"))) int gpustitch_device_count(void) {
+  Pool* pool = pl::shim_active() ? pl::existing_pool() : nullptr;
+  return pool ? pool->device_count() : 0;
+}
+
 __attribute__((visibility("default"))) const char* gpustitch_version(void) {
   return GPUSTITCH_VERSION;
 }

@@ -14,6 +14,7 @@
 // The driver's opaque handle types, declared at global scope exactly as cuda.h does.
 struct CUctx_st;
 struct CUstream_st;
+struct CUmemPoolHandle_st;
 
 namespace gpustitch::cuda {
 
@@ -23,6 +24,7 @@ using CUdeviceptr = std::uintptr_t;
 using CUdevice = int;
 using CUcontext = ::CUctx_st*;
 using CUstream = ::CUstream_st*;
+using CUmemoryPool = ::CUmemPoolHandle_st*;  // cudaMemPool_t is the same handle
 using cuuint64 = std::uint64_t;
 
 // CUresult values.
@@ -73,6 +75,13 @@ inline constexpr unsigned CU_MEMORYTYPE_DEVICE = 2;
 
 inline constexpr std::size_t kIpcHandleSize = 64;
 
+// CUmemPool_attribute / cudaMemPoolAttr values (the same numbers) the shim answers for the
+// default memory pool of a device it serves; each takes a cuuint64_t.
+inline constexpr int CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5;
+inline constexpr int CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH = 6;
+inline constexpr int CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7;
+inline constexpr int CU_MEMPOOL_ATTR_USED_MEM_HIGH = 8;
+
 // Pitch granted by the pitched allocators for pool memory: a multiple of 512 bytes, which is what
 // the native cudaMallocPitch returns on every current GPU and satisfies every texture/2D-copy
 // alignment requirement.
@@ -93,6 +102,10 @@ using PFN_cuIpcGetMemHandle = CUresult (*)(void*, CUdeviceptr);
 using PFN_cuCtxEnablePeerAccess = CUresult (*)(CUcontext, unsigned);
 using PFN_cuGetProcAddress = CUresult (*)(const char*, void**, int, cuuint64);
 using PFN_cuGetProcAddress_v2 = CUresult (*)(const char*, void**, int, cuuint64, int*);
+using PFN_cuDeviceGetDefaultMemPool = CUresult (*)(CUmemoryPool*, CUdevice);
+using PFN_cuMemPoolGetAttribute = CUresult (*)(CUmemoryPool, int, void*);
+using PFN_cuMemPoolSetAttribute = CUresult (*)(CUmemoryPool, int, void*);
+using PFN_cuMemPoolTrimTo = CUresult (*)(CUmemoryPool, std::size_t);
 using PFN_cuCtxGetDevice = CUresult (*)(CUdevice*);
 using PFN_cuDeviceGetCount = CUresult (*)(int*);
 using PFN_cuCtxPushCurrent = CUresult (*)(CUcontext);
@@ -109,6 +122,10 @@ using PFN_cudaMallocPitch = cudaError (*)(void**, std::size_t*, std::size_t, std
 using PFN_cudaMemGetInfo = cudaError (*)(std::size_t*, std::size_t*);
 using PFN_cudaDeviceEnablePeerAccess = cudaError (*)(int, unsigned);
 using PFN_cudaIpcGetMemHandle = cudaError (*)(void*, void*);
+using PFN_cudaDeviceGetDefaultMemPool = cudaError (*)(CUmemoryPool*, int);
+using PFN_cudaMemPoolGetAttribute = cudaError (*)(CUmemoryPool, int, void*);
+using PFN_cudaMemPoolSetAttribute = cudaError (*)(CUmemoryPool, int, void*);
+using PFN_cudaMemPoolTrimTo = cudaError (*)(CUmemoryPool, std::size_t);
 using PFN_cudaGetDriverEntryPoint = cudaError (*)(const char*, void**, unsigned long long, int*);
 using PFN_cudaGetDriverEntryPointByVersion = cudaError (*)(const char*, void**, unsigned,
                                                            unsigned long long, int*);

@@ -27,6 +27,10 @@
   X(cuPointerGetAttributes, false)          \
   X(cuIpcGetMemHandle, false)               \
   X(cuCtxEnablePeerAccess, false)           \
+  X(cuDeviceGetDefaultMemPool, false)       \
+  X(cuMemPoolGetAttribute, false)           \
+  X(cuMemPoolSetAttribute, false)           \
+  X(cuMemPoolTrimTo, false)                 \
   X(cuGetProcAddress, false)                \
   X(cuGetProcAddress_v2, false)             \
   X(cudaMalloc, true)                       \
@@ -39,6 +43,10 @@
   X(cudaMemGetInfo, true)                   \
   X(cudaDeviceEnablePeerAccess, true)       \
   X(cudaIpcGetMemHandle, true)              \
+  X(cudaDeviceGetDefaultMemPool, true)      \
+  X(cudaMemPoolGetAttribute, true)          \
+  X(cudaMemPoolSetAttribute, true)          \
+  X(cudaMemPoolTrimTo, true)                \
   X(cudaGetDriverEntryPoint, true)          \
   X(cudaGetDriverEntryPoint_ptsz, true)     \
   X(cudaGetDriverEntryPointByVersion, true) \
@@ -69,6 +77,7 @@ extern "C" {
 using gpustitch::cuda::CUcontext;
 using gpustitch::cuda::cudaError;
 using gpustitch::cuda::CUdeviceptr;
+using gpustitch::cuda::CUmemoryPool;
 using gpustitch::cuda::CUresult;
 using gpustitch::cuda::CUstream;
 using gpustitch::cuda::cuuint64;
@@ -87,6 +96,10 @@ CUresult cuPointerGetAttribute(void* data, int attribute, CUdeviceptr ptr);
 CUresult cuPointerGetAttributes(unsigned count, int* attributes, void** data, CUdeviceptr ptr);
 CUresult cuIpcGetMemHandle(void* handle, CUdeviceptr dptr);
 CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags);
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool, int device);
+CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void* value);
+CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void* value);
+CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t min_bytes_to_keep);
 CUresult cuGetProcAddress(const char* symbol, void** pfn, int cuda_version, cuuint64 flags);
 CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cuda_version, cuuint64 flags,
                              int* status);
@@ -101,6 +114,10 @@ cudaError cudaMallocPitch(void** ptr, size_t* pitch, size_t width, size_t height
 cudaError cudaMemGetInfo(size_t* free, size_t* total);
 cudaError cudaDeviceEnablePeerAccess(int peer, unsigned flags);
 cudaError cudaIpcGetMemHandle(void* handle, void* ptr);
+cudaError cudaDeviceGetDefaultMemPool(CUmemoryPool* pool, int device);
+cudaError cudaMemPoolGetAttribute(CUmemoryPool pool, int attr, void* value);
+cudaError cudaMemPoolSetAttribute(CUmemoryPool pool, int attr, void* value);
+cudaError cudaMemPoolTrimTo(CUmemoryPool pool, size_t min_bytes_to_keep);
 cudaError cudaGetDriverEntryPoint(const char* symbol, void** fn, unsigned long long flags,
                                   int* status);
 cudaError cudaGetDriverEntryPoint_ptsz(const char* symbol, void** fn, unsigned long long flags,

@@ -61,6 +61,13 @@ const ProcEntry kProcs[] = {
     {"cuIpcGetMemHandle", 4010, Hook::cuIpcGetMemHandle, Hook::cuIpcGetMemHandle, false},
     {"cuCtxEnablePeerAccess", 4000, Hook::cuCtxEnablePeerAccess, Hook::cuCtxEnablePeerAccess,
      false},
+    {"cuDeviceGetDefaultMemPool", 11020, Hook::cuDeviceGetDefaultMemPool,
+     Hook::cuDeviceGetDefaultMemPool, false},
+    {"cuMemPoolGetAttribute", 11020, Hook::cuMemPoolGetAttribute, Hook::cuMemPoolGetAttribute,
+     false},
+    {"cuMemPoolSetAttribute", 11020, Hook::cuMemPoolSetAttribute, Hook::cuMemPoolSetAttribute,
+     false},
+    {"cuMemPoolTrimTo", 11020, Hook::cuMemPoolTrimTo, Hook::cuMemPoolTrimTo, false},
     // cuGetProcAddress itself: v2 from 12.0, v1 from 11.3 (handled below).
     {"cuGetProcAddress", 12000, Hook::cuGetProcAddress_v2, Hook::cuGetProcAddress_v2, false},
 };

@@ -56,22 +56,36 @@ std::string human_bytes(std::uint64_t b) {
   return u == 0 ? fmt::format("{} B", b) : fmt::format("{:.2f} {}", v, units[u]);
 }
 
+// One line per device at exit: at log_level:info and below, or with summary:on unless the log
+// is off. Written straight to stderr in the second case, with the logger's prefix, because the
+// logger drops info lines at the default level.
 void print_summary() noexcept {
   Pool* pool = g_pool.load(std::memory_order_acquire);
   if (!pool || getpid() != g_owner_pid) return;
   auto& lg = log();
-  if (!lg.should_log(spdlog::level::info)) return;
-  for (int d = 0; d < pool->device_count(); ++d) {
-    DeviceStats s = pool->stats(d);
-    std::uint64_t passed =
-        d < kMaxCountedDevices ? g_passed_through[d].load(std::memory_order_relaxed) : 0;
-    lg.info(
-        "summary device {}: allocs {}, cache hits {}, fresh {}, stitches {}, OOMs {}, peak "
-        "reserved {}, passed through {} (backend {})",
-        d, s.allocs, s.cache_hits, s.fresh, s.stitches, s.ooms, human_bytes(s.peak_reserved),
-        passed, pool->backend().name());
+  const bool info = lg.should_log(spdlog::level::info);
+  const bool forced = g_config && g_config->summary && lg.level() != spdlog::level::off;
+  if (!info && !forced) return;
+  try {
+    for (int d = 0; d < pool->device_count(); ++d) {
+      DeviceStats s = pool->stats(d);
+      std::uint64_t passed =
+          d < kMaxCountedDevices ? g_passed_through[d].load(std::memory_order_relaxed) : 0;
+      const std::string line = fmt::format(
+          "summary device {}: allocs {}, cache hits {}, fresh {}, stitches {}, OOMs {}, peak "
+          "reserved {}, passed through {} (backend {})",
+          d, s.allocs, s.cache_hits, s.fresh, s.stitches, s.ooms, human_bytes(s.peak_reserved),
+          passed, pool->backend().name());
+      if (info) {
+        lg.info("{}", line);
+      } else {
+        std::fprintf(stderr, "gpustitch: %s\n", line.c_str());
+      }
+    }
+    lg.flush();
+    std::fflush(stderr);
+  } catch (...) {
   }
-  lg.flush();
 }
 
 void fork_prepare() noexcept {
@@ -208,18 +222,6 @@ spdlog::logger& log() noexcept {
     return l;
   }();
   return *logger;
-}
-
-void log_oom(Pool& pool, int device, std::size_t size) noexcept {
-  try {
-    DeviceStats s = pool.stats(device);
-    log().error(
-        "out of memory on device {}: requested {}, device free {}, pool cached {}, largest "
-        "possible {}, fragmentation {:.1f}%",
-        device, human_bytes(size), human_bytes(s.device_free), human_bytes(s.bytes_cached),
-        human_bytes(s.largest_possible), 100.0 * s.fragmentation());
-  } catch (...) {
-  }
 }
 
 Served serve_allocation(Pool& pool, int device, std::size_t size, Stream stream,

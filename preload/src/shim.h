@@ -24,6 +24,8 @@
 
 #include <spdlog/logger.h>
 
+#include <string>
+
 #include "cuda_abi.h"
 #include "gpustitch/pool.h"
 
@@ -60,9 +62,12 @@ void note_passthrough() noexcept;
 
 // The shim's logger (stderr, "gpustitch: " prefix). Usable before initialisation.
 spdlog::logger& log() noexcept;
-// One line per out-of-memory: requested, device free, pool cached, largest possible,
-// fragmentation.
+// One line per out-of-memory (oom_report.cpp): requested, device free, pool cached, largest
+// possible, fragmentation, the verdict (real shortage or would have fit) and, at most once a
+// second, the processes holding the most of this GPU.
 void log_oom(Pool& pool, int device, std::size_t size) noexcept;
+// That line without the logger's prefix. Throws only std::bad_alloc.
+std::string oom_message(Pool& pool, int device, std::size_t size, bool with_holders);
 
 // --- devices and streams ------------------------------------------------------------------------
 // The current context's device, through the real driver. False when no context is current.

@@ -125,6 +125,10 @@ def expected_files(c):
             files[L["includedir"] + "/gpustitch/gpustitch.h"] = 0o644
     if "gpustitchd" in c.targets:
         files[L["daemon"]] = 0o755
+    # The Python package (python/gpustitch), beside the CLI's prefix.
+    if os.path.exists(os.path.join(c.source, "python/gpustitch/__init__.py")):
+        prefix = os.path.dirname(os.path.dirname(L["cli"]))
+        files[prefix + "/lib/python3/dist-packages/gpustitch/__init__.py"] = 0o644
     return files
 
 

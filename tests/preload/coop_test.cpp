@@ -26,6 +26,7 @@
 #include "gpustitch/shm/names.h"
 #include "gpustitch/shm/record_reader.h"
 #include "gpustitch/sim_backend.h"
+#include "subprocess.h"
 
 using namespace gpustitch;
 
@@ -400,4 +401,40 @@ TEST(Coop, HostileRequestsCannotFreeLiveMemoryOrCrashTheProcess) {
   if (geteuid() != 0) {
     GTEST_SKIP() << "the other-user part needs root (setuid to nobody); the rest ran";
   }
+}
+
+// The out-of-memory line names the processes holding the most of the GPU, from their statistics
+// records: here a neighbour with 300 MiB live on the shared device, ahead of the failing process.
+TEST(Coop, OutOfMemoryLineNamesTheProcessesHoldingTheGpu) {
+  Device dev;
+  Peer a(dev.conf());
+  ASSERT_EQ(field(a.cmd("alloc 300"), "rc"), 0);
+  // Wait until A's record shows it.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  bool published = false;
+  while (!published && std::chrono::steady_clock::now() < deadline) {
+    for (const auto& n : shm::discover_records(shm::kDefaultPrefix, geteuid())) {
+      shm::ReadError err{};
+      auto r = n.pid == a.pid() ? shm::RecordReader::open(n, geteuid(), &err) : std::nullopt;
+      shm::SnapshotCopy snap;
+      if (r && r->read_snapshot(&snap) == shm::ReadError::none && !snap.devices.empty() &&
+          snap.devices[0].bytes_reserved >= 300 * MiB_) {
+        published = true;
+      }
+    }
+    if (!published) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(published);
+  subprocess::Result r =
+      subprocess::run({PROBE_PATH, "oom", "400", "0"},
+                      {std::string("LD_PRELOAD=") + PRELOAD,
+                       std::string("LD_LIBRARY_PATH=") + RUNTIME_DIR + ":" + DRIVER_DIR,
+                       "GPUSTITCH_CONF=" + dev.conf("coop:off,log_level:error")});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("oom_rc=2"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("verdict: real shortage"), std::string::npos) << r.err;
+  const std::string first = "holding most on this GPU: pid " + std::to_string(a.pid()) + " (";
+  EXPECT_NE(r.err.find(first), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("coop_peer"), std::string::npos) << r.err;  // A's command
+  EXPECT_NE(r.err.find("(this process)"), std::string::npos) << r.err;
 }

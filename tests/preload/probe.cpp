@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "cuda_decls.h"
 #include "shim_api.h"
@@ -65,10 +66,33 @@ int snapshot(const char* cli, const char* out) {
   return 0;
 }
 
+// An out-of-memory through cudaMalloc of `mb` MiB, after pinning scatter_mb MiB of small-object
+// chunks: 4 KiB blocks fill them and one block in 512 stays live, so their memory is cached but
+// can neither be released nor stitched. Prints the result; the shim's line is on stderr.
+int oom(long mb, long scatter_mb) {
+  cudaSetDevice(0);
+  std::vector<void*> small;
+  for (long i = 0; i < scatter_mb * 256; ++i) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, 4096) != 0) break;
+    small.push_back(p);
+  }
+  for (std::size_t i = 0; i < small.size(); ++i) {
+    if (i % 512 != 0) cudaFree(small[i]);
+  }
+  void* p = nullptr;
+  int rc = cudaMalloc(&p, static_cast<std::size_t>(mb) << 20);
+  std::printf("oom_rc=%d pinned=%zu\n", rc, small.size() / 512);
+  std::fflush(stdout);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const char* action = argc > 1 ? argv[1] : "alloc";
   if (std::strcmp(action, "pluggable") == 0 && argc > 2) return pluggable(argv[2]);
   if (std::strcmp(action, "snapshot") == 0 && argc > 3) return snapshot(argv[2], argv[3]);
+  if (std::strcmp(action, "oom") == 0 && argc > 3)
+    return oom(std::atol(argv[2]), std::atol(argv[3]));
   if (std::strcmp(action, "alloc") != 0) return 2;
   cudaSetDevice(0);
   void* libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);  // loaded by the runtime

@@ -99,3 +99,31 @@ TEST(Process, PluggableAllocatorWithoutPreload) {
 }
 
 }  // namespace
+
+// The out-of-memory line says which kind of failure it was: a request larger than device free and
+// pool cached together is a real shortage; one that fits in them, but only in pieces the pool
+// can neither release nor stitch (small-object chunks pinned by one live block each), would have
+// fit. Both name this process as the holder.
+TEST(Process, OutOfMemoryLineGivesAVerdict) {
+  const std::string conf = "GPUSTITCH_CONF=backend:sim,sim_capacity_mb:512,coop:off";
+  Result r = subprocess::run({PROBE_PATH, "oom", "600", "0"}, {kPreload, kBothLibs, conf});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("oom_rc=2"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("gpustitch: out of memory on device 0: requested 600.00 MiB"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("verdict: real shortage, 88.00 MiB more than device free + pool cached "
+                       "(512.00 MiB) together"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("holding most on this GPU: pid "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("(this process)"), std::string::npos) << r.err;
+
+  r = subprocess::run({PROBE_PATH, "oom", "200", "400"}, {kPreload, kBothLibs, conf});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("oom_rc=2"), std::string::npos) << r.out << r.err;
+  EXPECT_NE(r.err.find("verdict: would have fit, device free + pool cached is "), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("but no 200.00 MiB range could be put together"), std::string::npos)
+      << r.err;
+}

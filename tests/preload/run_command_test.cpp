@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "subprocess.h"
 
@@ -31,12 +32,65 @@ TEST(RunCommand, SetsThePreloadTheConfigurationAndFrameworkSwitches) {
                       {"LD_PRELOAD=/opt/other.so", "GPUSTITCH_CONF=backend:sim"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(env_value(r.out, "LD_PRELOAD"), std::string(SHIM_PATH) + ":/opt/other.so");
-  EXPECT_EQ(env_value(r.out, "GPUSTITCH_CONF"), "backend:sim,log_level:info");
-  EXPECT_EQ(env_value(r.out, "PYTORCH_NO_CUDA_MEMORY_CACHING"), "1");
+  EXPECT_EQ(env_value(r.out, "GPUSTITCH_CONF"), "summary:on,backend:sim,log_level:info");
+  EXPECT_EQ(env_value(r.out, "PYTORCH_CUDA_ALLOC_CONF"), "backend:cudaMallocAsync");
+  EXPECT_EQ(env_value(r.out, "PYTORCH_NO_CUDA_MEMORY_CACHING"), "<unset>");
   EXPECT_EQ(env_value(r.out, "XLA_PYTHON_CLIENT_ALLOCATOR"), "platform");
   EXPECT_EQ(env_value(r.out, "XLA_PYTHON_CLIENT_PREALLOCATE"), "false");
   EXPECT_EQ(env_value(r.out, "TF_GPU_ALLOCATOR"), "cuda_malloc_async");
-  EXPECT_NE(r.err.find("PYTORCH_NO_CUDA_MEMORY_CACHING=1"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync"), std::string::npos)
+      << r.err;
+}
+
+// PyTorch's allocator setting: the stream-ordered backend unless the user chose otherwise; a
+// PYTORCH_CUDA_ALLOC_CONF without a backend key is kept and PyTorch's cache is turned off beside
+// it.
+TEST(RunCommand, PyTorchAllocatorChoiceNeverOverridesTheUser) {
+  struct Case {
+    std::vector<std::string> env;
+    std::string conf, no_cache;
+  };
+  const Case cases[] = {
+      {{}, "backend:cudaMallocAsync", "<unset>"},
+      {{"PYTORCH_CUDA_ALLOC_CONF=backend:native"}, "backend:native", "<unset>"},
+      {{"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,backend:cudaMallocAsync"},
+       "expandable_segments:True,backend:cudaMallocAsync",
+       "<unset>"},
+      {{"PYTORCH_CUDA_ALLOC_CONF= backend = native"}, " backend = native", "<unset>"},
+      {{"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"}, "expandable_segments:True", "1"},
+      {{"PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128,roundup_power2_divisions:4"},
+       "max_split_size_mb:128,roundup_power2_divisions:4",
+       "1"},
+      {{"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "PYTORCH_NO_CUDA_MEMORY_CACHING=0"},
+       "expandable_segments:True",
+       "0"},
+      {{"PYTORCH_NO_CUDA_MEMORY_CACHING=1"}, "<unset>", "1"},
+      {{"PYTORCH_NO_CUDA_MEMORY_CACHING=0"}, "<unset>", "0"},
+  };
+  for (const Case& c : cases) {
+    Result r = subprocess::run({GPUSTITCH_CLI, "run", "--", "/usr/bin/env"}, c.env);
+    ASSERT_EQ(r.status, 0) << r.err;
+    const std::string what = c.env.empty() ? "(nothing set)" : c.env.front();
+    EXPECT_EQ(env_value(r.out, "PYTORCH_CUDA_ALLOC_CONF"), c.conf) << what;
+    EXPECT_EQ(env_value(r.out, "PYTORCH_NO_CUDA_MEMORY_CACHING"), c.no_cache) << what;
+    EXPECT_EQ(env_value(r.out, "TF_GPU_ALLOCATOR"), "cuda_malloc_async") << what;
+  }
+}
+
+// --dry-run shows the PyTorch setting without running anything, as text and as JSON.
+TEST(RunCommand, DryRunShowsThePyTorchSetting) {
+  Result r = subprocess::run({GPUSTITCH_CLI, "run", "--dry-run", "--", "python3", "train.py"}, {});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("\nPYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync\n"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("\npython3 train.py\n"), std::string::npos) << r.out;
+  r = subprocess::run({GPUSTITCH_CLI, "run", "--json", "--dry-run", "--", "python3", "train.py"},
+                      {"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_FALSE(j["environment"].contains("PYTORCH_CUDA_ALLOC_CONF"));  // the user's, unchanged
+  EXPECT_EQ(j["environment"]["PYTORCH_NO_CUDA_MEMORY_CACHING"], "1");
+  EXPECT_EQ(j["environment"]["GPUSTITCH_CONF"], "summary:on");
 }
 
 TEST(RunCommand, KeepFrameworkCacheAndUserChoicesStand) {
@@ -44,8 +98,9 @@ TEST(RunCommand, KeepFrameworkCacheAndUserChoicesStand) {
       subprocess::run({GPUSTITCH_CLI, "run", "--keep-framework-cache", "--", "/usr/bin/env"}, {});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(env_value(r.out, "PYTORCH_NO_CUDA_MEMORY_CACHING"), "<unset>");
+  EXPECT_EQ(env_value(r.out, "PYTORCH_CUDA_ALLOC_CONF"), "<unset>");
   EXPECT_EQ(env_value(r.out, "TF_GPU_ALLOCATOR"), "<unset>");
-  EXPECT_EQ(env_value(r.out, "GPUSTITCH_CONF"), "<unset>");
+  EXPECT_EQ(env_value(r.out, "GPUSTITCH_CONF"), "summary:on");
   EXPECT_EQ(r.err, "");
   r = subprocess::run({GPUSTITCH_CLI, "run", "--", "/usr/bin/env"},
                       {"TF_GPU_ALLOCATOR=bfc", "LD_PRELOAD=" SHIM_PATH});
@@ -72,6 +127,26 @@ TEST(RunCommand, TheProgramRunsWithThePool) {
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("active=1 malloc_rc=0 owned=1"), std::string::npos) << r.out;
   EXPECT_NE(r.err.find("gpustitch: summary device 0: allocs 2,"), std::string::npos) << r.err;
+}
+
+// The exit summary is on by default under run (at the default log level), off with summary:off
+// or log_level:off, and absent when the library is preloaded by hand.
+TEST(RunCommand, ExitSummaryIsPrintedByDefault) {
+  Result r = subprocess::run(
+      {GPUSTITCH_CLI, "run", "--conf", "backend:sim", "--", PROBE_PATH, "alloc"}, {kLibPath});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("gpustitch: summary device 0: allocs 2,"), std::string::npos) << r.err;
+  for (const char* off : {"backend:sim,summary:off", "backend:sim,log_level:off"}) {
+    r = subprocess::run({GPUSTITCH_CLI, "run", "--conf", off, "--", PROBE_PATH, "alloc"},
+                        {kLibPath});
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(r.err.find("summary device"), std::string::npos) << off << ": " << r.err;
+  }
+  r = subprocess::run({PROBE_PATH, "alloc"},
+                      {kLibPath, "LD_PRELOAD=" SHIM_PATH, "GPUSTITCH_CONF=backend:sim"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("active=1 malloc_rc=0 owned=1"), std::string::npos) << r.out;
+  EXPECT_EQ(r.err.find("summary device"), std::string::npos) << r.err;
 }
 
 // `gpustitch snapshot PID` of a running program: the pickle holds its live blocks (exact address

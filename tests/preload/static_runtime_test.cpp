@@ -7,10 +7,18 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstring>
 
 #include "cuda_decls.h"
 #include "shim_api.h"
+
+struct CUmemPoolHandle_st;
+extern "C" {
+int cudaDeviceGetDefaultMemPool(CUmemPoolHandle_st**, int);
+int cudaMemPoolGetAttribute(CUmemPoolHandle_st*, int, void*);
+int cudaMemPoolSetAttribute(CUmemPoolHandle_st*, int, void*);
+}
 
 namespace {
 
@@ -62,6 +70,30 @@ TEST(StaticRuntime, OutOfMemoryAndBadArgumentsGetNativeCodes) {
   int local = 0;
   EXPECT_EQ(cudaFree(&local), 1);
   cudaGetLastError();
+}
+
+// The runtime's memory-pool queries are internal too: the driver-level hooks the runtime fetched
+// with cuGetProcAddress add the pool's figures (PyTorch's statistics in a static-runtime build).
+TEST(StaticRuntime, DefaultMemPoolAttributesReportThePoolThroughTheDriverHooks) {
+  ASSERT_EQ(cudaSetDevice(0), 0);
+  EXPECT_NE(shim::library_of(reinterpret_cast<void*>(&cudaMemPoolGetAttribute)), "libgpustitch.so");
+  void* p = nullptr;
+  ASSERT_EQ(cudaMallocAsync(&p, 12 * MiB, nullptr), 0);
+  ASSERT_TRUE(shim::owns(p));
+  CUmemPoolHandle_st* pool = nullptr;
+  ASSERT_EQ(cudaDeviceGetDefaultMemPool(&pool, 0), 0);
+  std::uint64_t used = 0, reserved = 0, high = 0, zero = 0;
+  ASSERT_EQ(cudaMemPoolGetAttribute(pool, 7, &used), 0);      // UsedMemCurrent
+  ASSERT_EQ(cudaMemPoolGetAttribute(pool, 5, &reserved), 0);  // ReservedMemCurrent
+  const auto s = shim::stats(0);
+  EXPECT_EQ(used, s.bytes_allocated);
+  EXPECT_EQ(reserved, s.bytes_reserved);
+  EXPECT_GE(used, 12 * MiB);
+  ASSERT_EQ(cudaFreeAsync(p, nullptr), 0);
+  ASSERT_EQ(cudaMemPoolSetAttribute(pool, 8, &zero), 0);  // reset UsedMemHigh
+  ASSERT_EQ(cudaMemPoolGetAttribute(pool, 8, &high), 0);
+  EXPECT_EQ(high, shim::stats(0).bytes_allocated);
+  EXPECT_LT(high, used);
 }
 
 }  // namespace

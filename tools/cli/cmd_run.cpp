@@ -8,9 +8,15 @@
 // Frameworks that keep their own cache of device memory hide their fragmentation from any allocator
 // underneath: under PyTorch's default caching allocator the shim sees a few dozen segment
 // allocations and none of the tensors inside them. So by default run also asks the known frameworks
-// to hand every allocation down (PYTORCH_NO_CUDA_MEMORY_CACHING=1; XLA_PYTHON_CLIENT_ALLOCATOR=
-// platform and XLA_PYTHON_CLIENT_PREALLOCATE=false; TF_GPU_ALLOCATOR=cuda_malloc_async) and says so
-// on stderr; --keep-framework-cache leaves them alone. A variable the user already set is kept.
+// to hand every allocation down (framework_env.h: PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync,
+// or PYTORCH_NO_CUDA_MEMORY_CACHING=1 beside a PYTORCH_CUDA_ALLOC_CONF of the user's that names no
+// backend; XLA_PYTHON_CLIENT_ALLOCATOR=platform and XLA_PYTHON_CLIENT_PREALLOCATE=false;
+// TF_GPU_ALLOCATOR=cuda_malloc_async) and says so on stderr; --keep-framework-cache leaves them
+// alone. A variable the user already set is kept.
+//
+// GPUSTITCH_CONF starts with summary:on, so the program prints the pool's one-line summary per
+// device at exit (what a user of run wants to see: did the pool serve, how much did it hold); the
+// user's GPUSTITCH_CONF and --conf come after it and win (summary:off).
 //
 // The library is looked up, in order: $GPUSTITCH_LIBRARY; next to the executable (../lib,
 // ../lib64, ../lib/<multiarch> of an installation; ../preload of a build tree); the system's
@@ -29,6 +35,7 @@
 #include <vector>
 
 #include "command.h"
+#include "framework_env.h"
 
 namespace gpustitch::cli {
 namespace {
@@ -44,19 +51,6 @@ constexpr const char* kMultiarch = "aarch64-linux-gnu";
 #else
 constexpr const char* kMultiarch = "";
 #endif
-
-struct FrameworkSetting {
-  const char* name;
-  const char* value;
-};
-
-// What makes each framework hand every allocation to cudaMalloc/cudaMallocAsync/cuMemAlloc.
-constexpr FrameworkSetting kFrameworkSettings[] = {
-    {"PYTORCH_NO_CUDA_MEMORY_CACHING", "1"},
-    {"XLA_PYTHON_CLIENT_ALLOCATOR", "platform"},
-    {"XLA_PYTHON_CLIENT_PREALLOCATE", "false"},
-    {"TF_GPU_ALLOCATOR", "cuda_malloc_async"},
-};
 
 struct RunOptions {
   std::string conf;
@@ -130,18 +124,19 @@ int run(const RunOptions& o, const GlobalOptions& global) {
   }
   std::vector<std::pair<std::string, std::string>> set;
   set.emplace_back("LD_PRELOAD", preload_value(lib, std::getenv("LD_PRELOAD")));
-  if (!o.conf.empty()) {
+  {
+    // Later entries win: the environment overrides the default, the command line both.
+    std::string conf = "summary:on";
     const char* existing = std::getenv("GPUSTITCH_CONF");
-    // Later entries win: the command line overrides the environment.
-    set.emplace_back("GPUSTITCH_CONF",
-                     existing && *existing ? std::string(existing) + "," + o.conf : o.conf);
+    if (existing && *existing) conf += std::string(",") + existing;
+    if (!o.conf.empty()) conf += "," + o.conf;
+    set.emplace_back("GPUSTITCH_CONF", conf);
   }
   std::vector<std::string> framework;
   if (!o.keep_framework_cache) {
-    for (const auto& f : kFrameworkSettings) {
-      if (std::getenv(f.name)) continue;  // the user's own choice stands
-      set.emplace_back(f.name, f.value);
-      framework.push_back(std::string(f.name) + "=" + f.value);
+    for (auto& [name, value] : framework_settings([](const char* n) { return std::getenv(n); })) {
+      framework.push_back(name + "=" + value);
+      set.emplace_back(std::move(name), std::move(value));
     }
   }
   if (!framework.empty() && !global.json) {

@@ -13,11 +13,12 @@
 #   --only    run only the configurations whose name matches (extended regex)
 #   --conf    add a gpustitch configuration NAME with GPUSTITCH_CONF=CONF (repeatable); without
 #             any, one "gpustitch" row with the defaults. NAME=CONF|TORCH also sets
-#             PYTORCH_CUDA_ALLOC_CONF=TORCH for that row (e.g. "async=|backend:cudaMallocAsync")
+#             PYTORCH_CUDA_ALLOC_CONF=TORCH for that row (e.g. "async=|backend:cudaMallocAsync");
+#             TORCH "nocache" sets PYTORCH_NO_CUDA_MEMORY_CACHING=1 instead (PyTorch's cache off)
 #
 # Prints one JSON line per run (the workload's own line plus "config", "workload", "round").
 # Configurations: pytorch (default caching allocator), expandable (expandable_segments:True),
-# then the gpustitch rows under `gpustitch run` (PyTorch's cache off).
+# then the gpustitch rows under `gpustitch run` (PyTorch as run sets it: backend:cudaMallocAsync).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT" || exit 2
@@ -28,7 +29,7 @@ while [[ $# -gt 0 ]]; do
     --rounds) ROUNDS=$2; shift 2 ;;
     --only) ONLY=$2; shift 2 ;;
     --conf) CONFS+=("$2"); shift 2 ;;
-    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "memory_compare: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -56,7 +57,9 @@ run_one() {  # config workload round
     pytorch) line=$(env -u PYTORCH_CUDA_ALLOC_CONF $cmd 2>&1 | grep '^{' | tail -1) ;;
     expandable) line=$(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $cmd 2>&1 | grep '^{' | tail -1) ;;
     *)
-      if [[ -n $torch ]]; then
+      if [[ $torch == nocache ]]; then
+        line=$(env -u PYTORCH_CUDA_ALLOC_CONF PYTORCH_NO_CUDA_MEMORY_CACHING=1 GPUSTITCH_LIBRARY=$LIB GPUSTITCH_CONF=$conf "$CLI" run -- $cmd 2>&1 | grep '^{' | tail -1)
+      elif [[ -n $torch ]]; then
         line=$(PYTORCH_CUDA_ALLOC_CONF=$torch GPUSTITCH_LIBRARY=$LIB GPUSTITCH_CONF=$conf "$CLI" run -- $cmd 2>&1 | grep '^{' | tail -1)
       else
         line=$(env -u PYTORCH_CUDA_ALLOC_CONF GPUSTITCH_LIBRARY=$LIB GPUSTITCH_CONF=$conf "$CLI" run -- $cmd 2>&1 | grep '^{' | tail -1)

@@ -57,6 +57,7 @@ struct Config {
   bool ipc_native = false;             // ipc:native|pool
   std::string trace_path;              // trace:PATH
   std::string log_level = "warn";      // log_level:trace|debug|info|warn|error|off
+  bool summary = false;                // summary:on|off (exit summary below info; run sets it)
   bool publish = true;                 // publish:on|off (shared-memory statistics)
   unsigned publish_interval_ms = 100;  // publish_interval_ms
   std::size_t sites_min_size = 0;      // sites_min_mb: capture stacks at/above (0=off)

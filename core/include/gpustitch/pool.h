@@ -23,6 +23,14 @@ struct BlockInfo {
   Stream stream = kAnyStream;  // stream it was allocated on (kAnyStream for cudaMalloc)
 };
 
+// High-water marks of allocated and reserved bytes since the last reset (what PyTorch's
+// max_memory_allocated/max_memory_reserved read, and reset_peak_memory_stats restarts). The
+// lifetime peaks in DeviceStats are never reset.
+struct PeakWindow {
+  std::uint64_t allocated = 0;
+  std::uint64_t reserved = 0;
+};
+
 namespace detail {
 class DevicePool;
 }
@@ -80,6 +88,12 @@ class Pool {
 
   // Snapshot of device's statistics (refreshes device_free/largest_possible).
   DeviceStats stats(int device) const noexcept;
+
+  // Peaks since the last reset (zeros for a device the pool does not have), and the resets: each
+  // restarts its mark at the current figure, as the driver's memory pools do.
+  PeakWindow peaks_since_reset(int device) const noexcept;
+  void reset_peak_allocated(int device) noexcept;
+  void reset_peak_reserved(int device) noexcept;
 
   // Checks the pool's invariants on device (every physical byte mapped once and owned by one
   // block, free neighbours merged, the pending sum): empty when they hold, else what broke. For

@@ -30,7 +30,8 @@ struct CUstream_st; /* cudaStream_t / CUstream */
  * device has finished the work queued before the free (cudaFreeAsync semantics). size and device
  * of gpustitch_free are those of the allocation and are not needed; ptr alone identifies it.
  * gpustitch_malloc returns NULL when the memory cannot be found (after logging one line saying
- * why: requested, device free, pool cached, largest possible, fragmentation). */
+ * why: requested, device free, pool cached, largest possible, fragmentation, whether it is a real
+ * shortage or would have fit, and the processes holding the most of the GPU). */
 void* gpustitch_malloc(ssize_t size, int device, struct CUstream_st* stream);
 void gpustitch_free(void* ptr, ssize_t size, int device, struct CUstream_st* stream);
 
@@ -65,6 +66,14 @@ typedef struct gpustitch_device_stats {
 /* Fills *out (size: sizeof(gpustitch_device_stats), for forward compatibility) for device.
  * Returns 0 on success, -1 if the pool is not active or device is out of range. */
 int gpustitch_get_stats(int device, gpustitch_device_stats* out, size_t size);
+
+/* Releases device's idle cached memory back to the driver (after its pending frees), as
+ * torch.cuda.empty_cache() does for PyTorch's cache. Returns the bytes released, or -1 if the pool
+ * is not active or device is out of range. */
+long long gpustitch_trim(int device);
+
+/* Devices the pool serves (0 when it is not active). */
+int gpustitch_device_count(void);
 
 /* The library version, e.g. "0.1.0". */
 const char* gpustitch_version(void);

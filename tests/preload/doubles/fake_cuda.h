@@ -6,6 +6,7 @@
 
 struct CUstream_st;
 struct CUctx_st;
+struct CUmemPoolHandle_st;
 
 extern "C" {
 // Number of calls that reached the fake's implementation of symbol (exact exported name, e.g.

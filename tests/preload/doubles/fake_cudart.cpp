@@ -47,6 +47,10 @@ struct Table {
   CUresult (*mem_free_host)(void*) = nullptr;
   CUresult (*mem_get_info)(std::size_t*, std::size_t*) = nullptr;
   CUresult (*ipc_get_mem_handle)(void*, CUdeviceptr) = nullptr;
+  CUresult (*device_get_default_mem_pool)(void**, int) = nullptr;
+  CUresult (*mem_pool_get_attribute)(void*, int, void*) = nullptr;
+  CUresult (*mem_pool_set_attribute)(void*, int, void*) = nullptr;
+  CUresult (*mem_pool_trim_to)(void*, std::size_t) = nullptr;
   CUresult (*get_proc_address)(const char*, void**, int, std::uint64_t, int*) = nullptr;
 };
 
@@ -85,6 +89,10 @@ void fill(Table& t, std::uint64_t flags) {
   get("cuMemFreeHost", &t.mem_free_host, flags);
   get("cuMemGetInfo", &t.mem_get_info, flags);
   get("cuIpcGetMemHandle", &t.ipc_get_mem_handle, flags);
+  get("cuDeviceGetDefaultMemPool", &t.device_get_default_mem_pool, flags);
+  get("cuMemPoolGetAttribute", &t.mem_pool_get_attribute, flags);
+  get("cuMemPoolSetAttribute", &t.mem_pool_set_attribute, flags);
+  get("cuMemPoolTrimTo", &t.mem_pool_trim_to, flags);
 }
 
 void load() {
@@ -249,6 +257,24 @@ RT cudaError cudaDeviceEnablePeerAccess(int peer, unsigned flags) {
 RT cudaError cudaIpcGetMemHandle(void* handle, void* p) {
   READY();
   return record(to_runtime(g_legacy.ipc_get_mem_handle(handle, reinterpret_cast<CUdeviceptr>(p))));
+}
+// The memory-pool calls, through the driver as the real runtime makes them (cudaMemPool_t is the
+// driver's CUmemoryPool).
+RT cudaError cudaDeviceGetDefaultMemPool(void** pool, int device) {
+  READY();
+  return record(to_runtime(g_legacy.device_get_default_mem_pool(pool, device)));
+}
+RT cudaError cudaMemPoolGetAttribute(void* pool, int attr, void* value) {
+  READY();
+  return record(to_runtime(g_legacy.mem_pool_get_attribute(pool, attr, value)));
+}
+RT cudaError cudaMemPoolSetAttribute(void* pool, int attr, void* value) {
+  READY();
+  return record(to_runtime(g_legacy.mem_pool_set_attribute(pool, attr, value)));
+}
+RT cudaError cudaMemPoolTrimTo(void* pool, std::size_t keep) {
+  READY();
+  return record(to_runtime(g_legacy.mem_pool_trim_to(pool, keep)));
 }
 static cudaError entry_point(const char* symbol, void** fn, unsigned version,
                              unsigned long long flags, int* status) {

@@ -46,6 +46,16 @@ struct Alloc {
   std::size_t size;
   int device;
   Kind kind;
+  bool from_pool = false;  // cuMemAllocAsync: counted in the device's default memory pool
+};
+
+// A memory pool (the device's default one, or one from cuMemPoolCreate): what stream-ordered
+// allocations hold, with the attributes the driver documents.
+struct MemPool {
+  int device = 0;
+  std::uint64_t used = 0, reserved = 0, used_high = 0, reserved_high = 0;
+  std::uint64_t release_threshold = 0;
+  int reuse[3] = {1, 1, 1};
 };
 
 struct Driver {
@@ -56,6 +66,8 @@ struct Driver {
   std::map<CUdeviceptr, Alloc> allocs;
   std::vector<std::size_t> used;
   std::map<std::pair<int, int>, bool> peers;
+  std::vector<MemPool*> default_pools;  // one per device
+  std::vector<MemPool*> created_pools;
   bool initialized = false;
   Driver() {
     if (const char* d = std::getenv("FAKE_CUDA_DEVICES")) devices = std::atoi(d);
@@ -64,6 +76,10 @@ struct Driver {
     ctxs.resize(devices);
     for (int i = 0; i < devices; ++i) ctxs[i].device = i;
     used.assign(devices, 0);
+    for (int i = 0; i < devices; ++i) {
+      default_pools.push_back(new MemPool());
+      default_pools.back()->device = i;
+    }
   }
 };
 
@@ -115,15 +131,23 @@ Ctx* current() {
   return t_ctx_stack.empty() ? nullptr : t_ctx_stack.back();
 }
 
-CUresult allocate(CUdeviceptr* p, std::size_t size, int device, Kind kind) {
+CUresult allocate(CUdeviceptr* p, std::size_t size, int device, Kind kind, bool from_pool = false) {
   auto& d = drv();
   std::lock_guard g(d.mu);
   if (kind != Kind::host && d.used[device] + size > d.capacity) return kOom;
   void* mem = std::aligned_alloc(256, (size + 255) / 256 * 256);
   if (!mem) return kOom;
   auto addr = reinterpret_cast<CUdeviceptr>(mem);
-  d.allocs[addr] = Alloc{size, device, kind};
+  d.allocs[addr] = Alloc{size, device, kind, from_pool};
   if (kind != Kind::host) d.used[device] += size;
+  if (from_pool) {
+    // The pool keeps what was freed into it: reserved grows only past what it already holds.
+    MemPool& mp = *d.default_pools[device];
+    mp.used += size;
+    mp.reserved = std::max(mp.reserved, mp.used);
+    mp.used_high = std::max(mp.used_high, mp.used);
+    mp.reserved_high = std::max(mp.reserved_high, mp.reserved);
+  }
   *p = addr;
   return kOk;
 }
@@ -136,6 +160,7 @@ CUresult release(CUdeviceptr p, Kind kind) {
     return kInvalidValue;
   }
   if (it->second.kind != Kind::host) d.used[it->second.device] -= it->second.size;
+  if (it->second.from_pool) d.default_pools[it->second.device]->used -= it->second.size;
   d.allocs.erase(it);
   std::free(reinterpret_cast<void*>(p));
   return kOk;
@@ -350,7 +375,7 @@ static CUresult alloc_async(CUdeviceptr* p, std::size_t size, CUstream_st* s) {
   int dev = 0;
   CUresult r = stream_get_device(s, &dev);
   if (r != kOk) return r;
-  return allocate(p, size, dev, Kind::device);
+  return allocate(p, size, dev, Kind::device, true);
 }
 API CUresult cuMemAllocAsync(CUdeviceptr* p, std::size_t size, CUstream_st* s) {
   count("cuMemAllocAsync");
@@ -481,6 +506,109 @@ API CUresult cuIpcGetMemHandle(void* handle, CUdeviceptr p) {
   return kOk;
 }
 
+// --- memory pools
+// ----------------------------------------------------------------------------------------
+namespace {
+// The pool behind a handle, or null for a handle the driver never gave out (mu held).
+MemPool* as_pool(CUmemPoolHandle_st* h) {
+  auto* p = reinterpret_cast<MemPool*>(h);
+  auto& d = drv();
+  for (MemPool* q : d.default_pools)
+    if (q == p) return p;
+  for (MemPool* q : d.created_pools)
+    if (q == p) return p;
+  return nullptr;
+}
+}  // namespace
+API CUresult cuDeviceGetDefaultMemPool(CUmemPoolHandle_st** pool, int dev) {
+  count("cuDeviceGetDefaultMemPool");
+  if (!pool) return kInvalidValue;
+  if (!drv().initialized) return kNotInit;
+  if (dev < 0 || dev >= drv().devices) return kInvalidDevice;
+  *pool = reinterpret_cast<CUmemPoolHandle_st*>(drv().default_pools[dev]);
+  return kOk;
+}
+API CUresult cuMemPoolCreate(CUmemPoolHandle_st** pool, const void* props) {
+  count("cuMemPoolCreate");
+  if (!pool || !props) return kInvalidValue;
+  auto* p = new MemPool();
+  std::lock_guard g(drv().mu);
+  drv().created_pools.push_back(p);
+  *pool = reinterpret_cast<CUmemPoolHandle_st*>(p);
+  return kOk;
+}
+// Attributes: 1-3 the Reuse* flags (int), 4 ReleaseThreshold, 5-8 Reserved/Used Current/High
+// (cuuint64_t); the Current ones are read-only, the High ones accept only 0 (reset to current).
+API CUresult cuMemPoolGetAttribute(CUmemPoolHandle_st* h, int attr, void* value) {
+  count("cuMemPoolGetAttribute");
+  std::lock_guard g(drv().mu);
+  MemPool* p = as_pool(h);
+  if (!p || !value) return kInvalidValue;
+  std::uint64_t v = 0;
+  switch (attr) {
+    case 1:
+    case 2:
+    case 3:
+      std::memcpy(value, &p->reuse[attr - 1], sizeof(int));
+      return kOk;
+    case 4:
+      v = p->release_threshold;
+      break;
+    case 5:
+      v = p->reserved;
+      break;
+    case 6:
+      v = p->reserved_high;
+      break;
+    case 7:
+      v = p->used;
+      break;
+    case 8:
+      v = p->used_high;
+      break;
+    default:
+      return kInvalidValue;
+  }
+  std::memcpy(value, &v, sizeof v);
+  return kOk;
+}
+API CUresult cuMemPoolSetAttribute(CUmemPoolHandle_st* h, int attr, void* value) {
+  count("cuMemPoolSetAttribute");
+  std::lock_guard g(drv().mu);
+  MemPool* p = as_pool(h);
+  if (!p || !value) return kInvalidValue;
+  std::uint64_t v = 0;
+  if (attr >= 4) std::memcpy(&v, value, sizeof v);
+  switch (attr) {
+    case 1:
+    case 2:
+    case 3:
+      std::memcpy(&p->reuse[attr - 1], value, sizeof(int));
+      return kOk;
+    case 4:
+      p->release_threshold = v;
+      return kOk;
+    case 6:
+      if (v != 0) return kInvalidValue;
+      p->reserved_high = p->reserved;
+      return kOk;
+    case 8:
+      if (v != 0) return kInvalidValue;
+      p->used_high = p->used;
+      return kOk;
+    default:
+      return kInvalidValue;  // 5 and 7 are read-only
+  }
+}
+API CUresult cuMemPoolTrimTo(CUmemPoolHandle_st* h, std::size_t keep) {
+  count("cuMemPoolTrimTo");
+  std::lock_guard g(drv().mu);
+  MemPool* p = as_pool(h);
+  if (!p) return kInvalidValue;
+  if (p->reserved > keep) p->reserved = std::max<std::uint64_t>(p->used, keep);
+  return kOk;
+}
+
 // --- cuGetProcAddress
 // --------------------------------------------------------------------------------------
 namespace {
@@ -530,6 +658,11 @@ const Proc kProcs[] = {
     {"cuPointerGetAttribute", 4000, FN(cuPointerGetAttribute), nullptr},
     {"cuPointerGetAttributes", 7000, FN(cuPointerGetAttributes), nullptr},
     {"cuIpcGetMemHandle", 4010, FN(cuIpcGetMemHandle), nullptr},
+    {"cuDeviceGetDefaultMemPool", 11020, FN(cuDeviceGetDefaultMemPool), nullptr},
+    {"cuMemPoolCreate", 11020, FN(cuMemPoolCreate), nullptr},
+    {"cuMemPoolGetAttribute", 11020, FN(cuMemPoolGetAttribute), nullptr},
+    {"cuMemPoolSetAttribute", 11020, FN(cuMemPoolSetAttribute), nullptr},
+    {"cuMemPoolTrimTo", 11020, FN(cuMemPoolTrimTo), nullptr},
     {"cuGetProcAddress", 11030, FN(cuGetProcAddress), nullptr},
     {"cuGetProcAddress", 12000, FN(cuGetProcAddress_v2), nullptr},
 };

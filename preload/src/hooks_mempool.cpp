@@ -1,0 +1,220 @@
+// Memory-pool hooks: the device's default memory pool answers with the pool's figures, so that
+// PyTorch's statistics under backend:cudaMallocAsync describe the memory the shim really holds.
+//
+// PyTorch's CudaMallocAsync allocator keeps no statistics of its own. memory_stats(),
+// memory_reserved(), max_memory_allocated() and memory_summary() read the default pool of the
+// device (cudaDeviceGetDefaultMemPool) with cudaMemPoolGetAttribute: ReservedMemCurrent/High and
+// UsedMemCurrent/High. reset_peak_memory_stats() sets the two High attributes to 0 (the driver's
+// way of restarting them at the current figure), and empty_cache() calls cudaMemPoolTrimTo(pool, 0)
+// after a device synchronisation. Under the shim those allocations never reach the driver's pool,
+// which would report next to nothing.
+//
+// What is answered, for the default pool of a device the pool serves:
+//   ReservedMemCurrent  driver's figure + the pool's bytes_reserved
+//   UsedMemCurrent      driver's figure + the pool's bytes_allocated
+//   ReservedMemHigh     driver's figure + the pool's reserved high-water mark since the last reset
+//   UsedMemHigh         driver's figure + the pool's allocated high-water mark since the last reset
+// The driver's own figure stays in the sum because allocations the shim passes through (those
+// made while a stream is captured into a CUDA graph) do live in the driver's pool; for the highs
+// the sum of two marks is an upper bound of the joint one. Setting a High attribute resets the
+// pool's mark too. TrimTo(pool, 0) trims the pool as well (all idle cached memory, after its
+// pending frees); with a non-zero minimum the pool is left alone, since a trim cannot promise to
+// keep an exact number of bytes and the driver's contract is "at least minBytesToKeep stay".
+//
+// Every call goes to the native function first, with the caller's arguments: a bad handle, a bad
+// attribute or a null pointer gets exactly the native error, and nothing is added. Any other pool
+// (cudaMemPoolCreate'd), any other attribute (ReleaseThreshold, the Reuse* flags) and any device
+// the pool does not serve pass through untouched.
+//
+// Which handle is a device's default pool: the handles cuDeviceGetDefaultMemPool /
+// cudaDeviceGetDefaultMemPool return are remembered per device as they pass through the hooks;
+// for a device not seen yet the real driver is asked once (a handle from cudaDeviceGetMemPool is
+// the same handle while the default pool is current). Runtime hooks forward under the passthrough
+// guard, so the driver hooks the runtime reaches underneath forward untouched and the pool's
+// figures are added once.
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+
+#include "hooks.h"
+#include "real_api.h"
+#include "shim.h"
+
+using namespace gpustitch;
+using namespace gpustitch::cuda;
+using gpustitch::preload::Hook;
+namespace pl = gpustitch::preload;
+
+namespace {
+
+constexpr int kMaxDevices = 64;
+// Device d's default pool handle once known; null until then.
+std::atomic<CUmemoryPool> g_default_pool[kMaxDevices];
+
+void remember_default_pool(int device, CUmemoryPool pool) noexcept {
+  if (device >= 0 && device < kMaxDevices && pool) {
+    g_default_pool[device].store(pool, std::memory_order_release);
+  }
+}
+
+// The device whose default pool `handle` is, among the devices the pool serves; -1 if none.
+int served_default_pool_device(Pool& pool, CUmemoryPool handle) noexcept {
+  if (!handle) return -1;
+  const int n = pool.device_count() < kMaxDevices ? pool.device_count() : kMaxDevices;
+  for (int d = 0; d < n; ++d) {
+    CUmemoryPool known = g_default_pool[d].load(std::memory_order_acquire);
+    if (!known) {
+      auto get = pl::real_as<PFN_cuDeviceGetDefaultMemPool>(Hook::cuDeviceGetDefaultMemPool);
+      CUmemoryPool h = nullptr;
+      if (get && get(&h, d) == CUDA_SUCCESS && h) {
+        remember_default_pool(d, h);
+        known = h;
+      }
+    }
+    if (known == handle) return d;
+  }
+  return -1;
+}
+
+bool is_answered(int attr) noexcept {
+  return attr == CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT ||
+         attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH || attr == CU_MEMPOOL_ATTR_USED_MEM_CURRENT ||
+         attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH;
+}
+
+// After the native GetAttribute succeeded: adds the pool's figure for attr to *value when the
+// handle is the default pool of a device the pool serves.
+void add_pool_figure(CUmemoryPool handle, int attr, void* value) noexcept {
+  Pool* pool = pl::existing_pool();
+  if (!pool || !value || !is_answered(attr)) return;
+  const int d = served_default_pool_device(*pool, handle);
+  if (d < 0) return;
+  std::uint64_t figure = 0;
+  switch (attr) {
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+      figure = pool->stats(d).bytes_reserved;
+      break;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+      figure = pool->stats(d).bytes_allocated;
+      break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+      figure = pool->peaks_since_reset(d).reserved;
+      break;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+      figure = pool->peaks_since_reset(d).allocated;
+      break;
+    default:
+      return;
+  }
+  std::uint64_t v = 0;
+  std::memcpy(&v, value, sizeof v);  // the caller's buffer need not be aligned
+  v += figure;
+  std::memcpy(value, &v, sizeof v);
+}
+
+// After the native SetAttribute succeeded (it accepts only 0 for the highs): restarts the pool's
+// mark as the driver restarted its own.
+void reset_pool_mark(CUmemoryPool handle, int attr) noexcept {
+  if (attr != CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH && attr != CU_MEMPOOL_ATTR_USED_MEM_HIGH) return;
+  Pool* pool = pl::existing_pool();
+  if (!pool) return;
+  const int d = served_default_pool_device(*pool, handle);
+  if (d < 0) return;
+  if (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) {
+    pool->reset_peak_reserved(d);
+  } else {
+    pool->reset_peak_allocated(d);
+  }
+}
+
+// After the native TrimTo succeeded.
+void trim_pool(CUmemoryPool handle, std::size_t min_bytes_to_keep) noexcept {
+  if (min_bytes_to_keep != 0) return;
+  Pool* pool = pl::existing_pool();
+  if (!pool) return;
+  const int d = served_default_pool_device(*pool, handle);
+  if (d >= 0) pool->trim(d);
+}
+
+template <typename Fn, typename... Args>
+CUresult forward_driver(Hook h, Args... args) {
+  auto fn = pl::real_as<Fn>(h);
+  return fn ? fn(args...) : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+template <typename Fn, typename... Args>
+cudaError forward_runtime(Hook h, Args... args) {
+  auto fn = pl::real_as<Fn>(h);
+  if (!fn) return cudaErrorInitializationError;
+  pl::PassthroughScope guard;
+  return fn(args...);
+}
+
+}  // namespace
+
+extern "C" {
+
+__attribute__((visibility("default"))) CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool,
+                                                                          int device) {
+  CUresult r =
+      forward_driver<PFN_cuDeviceGetDefaultMemPool>(Hook::cuDeviceGetDefaultMemPool, pool, device);
+  if (r == CUDA_SUCCESS && pool) remember_default_pool(device, *pool);
+  return r;
+}
+
+__attribute__((visibility("default"))) CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr,
+                                                                      void* value) {
+  CUresult r =
+      forward_driver<PFN_cuMemPoolGetAttribute>(Hook::cuMemPoolGetAttribute, pool, attr, value);
+  if (r == CUDA_SUCCESS) add_pool_figure(pool, attr, value);
+  return r;
+}
+
+__attribute__((visibility("default"))) CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr,
+                                                                      void* value) {
+  CUresult r =
+      forward_driver<PFN_cuMemPoolSetAttribute>(Hook::cuMemPoolSetAttribute, pool, attr, value);
+  if (r == CUDA_SUCCESS) reset_pool_mark(pool, attr);
+  return r;
+}
+
+__attribute__((visibility("default"))) CUresult cuMemPoolTrimTo(CUmemoryPool pool,
+                                                                size_t min_bytes_to_keep) {
+  CUresult r = forward_driver<PFN_cuMemPoolTrimTo>(Hook::cuMemPoolTrimTo, pool, min_bytes_to_keep);
+  if (r == CUDA_SUCCESS) trim_pool(pool, min_bytes_to_keep);
+  return r;
+}
+
+__attribute__((visibility("default"))) cudaError cudaDeviceGetDefaultMemPool(CUmemoryPool* pool,
+                                                                             int device) {
+  cudaError r = forward_runtime<PFN_cudaDeviceGetDefaultMemPool>(Hook::cudaDeviceGetDefaultMemPool,
+                                                                 pool, device);
+  if (r == cudaSuccess && pool) remember_default_pool(device, *pool);
+  return r;
+}
+
+__attribute__((visibility("default"))) cudaError cudaMemPoolGetAttribute(CUmemoryPool pool,
+                                                                         int attr, void* value) {
+  cudaError r = forward_runtime<PFN_cudaMemPoolGetAttribute>(Hook::cudaMemPoolGetAttribute, pool,
+                                                             attr, value);
+  if (r == cudaSuccess) add_pool_figure(pool, attr, value);
+  return r;
+}
+
+__attribute__((visibility("default"))) cudaError cudaMemPoolSetAttribute(CUmemoryPool pool,
+                                                                         int attr, void* value) {
+  cudaError r = forward_runtime<PFN_cudaMemPoolSetAttribute>(Hook::cudaMemPoolSetAttribute, pool,
+                                                             attr, value);
+  if (r == cudaSuccess) reset_pool_mark(pool, attr);
+  return r;
+}
+
+__attribute__((visibility("default"))) cudaError cudaMemPoolTrimTo(CUmemoryPool pool,
+                                                                   size_t min_bytes_to_keep) {
+  cudaError r =
+      forward_runtime<PFN_cudaMemPoolTrimTo>(Hook::cudaMemPoolTrimTo, pool, min_bytes_to_keep);
+  if (r == cudaSuccess) trim_pool(pool, min_bytes_to_keep);
+  return r;
+}
+
+}  // extern "C"
