@@ -20,6 +20,19 @@
 // Failures. open() failing or write() failing (ENOSPC, EDQUOT, EIO, ...) is reported once on
 // stderr with the path and reason; the writer then stops recording and the program continues.
 //
+// Never blocking the host program. The writer is created inside the program's first CUDA call,
+// under the library's init lock, and its file is written from allocating threads when the ring
+// is full, so anything that can block for good there blocks the program. Hence:
+//   - only a regular file is traced: the path is opened with O_NONBLOCK and O_NOCTTY (a FIFO
+//     without a reader fails at once with ENXIO instead of waiting for one; a terminal does not
+//     become the controlling terminal) and anything that is not a regular file (FIFO, socket,
+//     device) is refused, since a reader that stops reading would block every write;
+//   - a producer that finds the ring full waits at most kProducerWaitNs for the drain lock.
+//     When the drainer holding it does not come back in that time (a write stuck on a hung file
+//     system), the producer drops its record and counts it, and later producers drop at once
+//     until a drain completes. Dropped records are reported once, with their count, at close or
+//     exit.
+//
 // Times are local wall-clock time of day like RMM's ("%H:%M:%S.%f"); the UTC offset is taken
 // once when the writer opens, so the drain path never calls into the time-zone code.
 #include "gpustitch/trace/trace_writer.h"
@@ -28,6 +41,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -44,6 +58,10 @@ namespace {
 constexpr std::uint8_t kActionAllocate = 0;
 constexpr std::uint8_t kActionFree = 1;
 constexpr std::uint8_t kNoServedBy = 0xff;
+// Our own "error" for a path that is not a regular file (no errno says exactly that).
+constexpr int kNotRegularFile = -1;
+// How long a producer that finds the ring full waits for another drainer (see the header).
+constexpr std::uint64_t kProducerWaitNs = 2'000'000;
 
 struct Record {
   std::uint64_t time_ns;
@@ -148,6 +166,10 @@ const char* errno_text(int e) noexcept {
       return "Not a directory";
     case EBADF:
       return "Bad file descriptor";
+    case ENXIO:
+      return "a FIFO without a reader";
+    case kNotRegularFile:
+      return "not a regular file (a FIFO, socket or device could block the program)";
     default:
       return nullptr;
   }
@@ -183,6 +205,7 @@ struct TraceWriter::Impl {
   alignas(64) std::atomic<std::uint64_t> tail{0};
   alignas(64) std::uint64_t head = 0;  // touched only by the drainer holding drain_lock
   std::atomic<bool> drain_lock{false};
+  std::atomic<bool> stalled{false};  // a producer gave up waiting for the drain lock
   char* buf = nullptr;
   std::uint64_t committed = 0;  // file size after the last fully written batch
   static constexpr std::size_t kBufSize = 1 << 16;
@@ -193,6 +216,7 @@ struct TraceWriter::Impl {
   std::atomic<bool> thread_started{false};  // set by the thread once it runs thread_main
   std::atomic<bool> stop{false};
   std::atomic<bool> in_child{false};
+  std::atomic<bool> dropped_reported{false};
 
   // Takes the drain lock. bounded: give up after about 200 ms (signal handlers, exit).
   bool lock(bool bounded) noexcept {
@@ -211,6 +235,30 @@ struct TraceWriter::Impl {
     }
   }
   void unlock() noexcept { drain_lock.store(false, std::memory_order_release); }
+
+  // A producer's drain of a full ring. False: the drain lock stayed taken for kProducerWaitNs
+  // (or, once that happened, was taken at all) and the caller drops its record.
+  bool drain_for_producer() noexcept {
+    const bool stalled_now = stalled.load(std::memory_order_relaxed);
+    std::uint64_t deadline = 0;
+    for (unsigned spins = 0;; ++spins) {
+      bool expected = false;
+      if (drain_lock.compare_exchange_weak(expected, true, std::memory_order_acquire)) break;
+      if (stalled_now) return false;
+      if ((spins & 63) == 63) {
+        std::uint64_t t = monotonic_ns();
+        if (deadline == 0) deadline = t + kProducerWaitNs;
+        if (t > deadline) {
+          stalled.store(true, std::memory_order_relaxed);
+          return false;
+        }
+        sched_yield();
+      }
+    }
+    drain_locked();
+    unlock();
+    return true;
+  }
 
   char* format(char* p, const Record& r) const noexcept {
     p = put_dec(p, r.tid);
@@ -289,6 +337,14 @@ struct TraceWriter::Impl {
   bool drain(bool bounded) noexcept {
     if (slots == nullptr) return true;
     if (!lock(bounded)) return false;
+    drain_locked();
+    unlock();
+    return true;
+  }
+
+  // The drain itself; the caller holds drain_lock.
+  void drain_locked() noexcept {
+    if (slots == nullptr) return;
     for (;;) {
       char* p = buf;
       std::uint64_t taken = 0;
@@ -312,8 +368,26 @@ struct TraceWriter::Impl {
         owner->dropped_.fetch_add(taken, std::memory_order_relaxed);
       }
     }
-    unlock();
-    return true;
+    stalled.store(false, std::memory_order_relaxed);
+  }
+
+  // Reports dropped records once (close or exit), so a short trace never passes for whole.
+  void report_dropped() noexcept {
+    const std::uint64_t n = owner->dropped_.load(std::memory_order_relaxed);
+    if (n == 0 || owner->failed_.load(std::memory_order_relaxed) || dropped_reported.exchange(true))
+      return;
+    char msg[512 + 128];
+    char* p = msg;
+    p = put_str(p, "gpustitch: trace file ");
+    const char* path = owner->options_.path.c_str();
+    std::size_t len = strnlen(path, 400);
+    memcpy(p, path, len);
+    p += len;
+    p = put_str(p, ": ");
+    p = put_dec(p, n);
+    p = put_str(p, n == 1 ? " record" : " records");
+    p = put_str(p, " dropped (writing the file could not keep up); the trace is incomplete\n");
+    write_all_stderr(msg, static_cast<std::size_t>(p - msg));
   }
 
   static void* thread_main(void* arg) {
@@ -343,7 +417,10 @@ void flush_all_for_signal() noexcept {
 void flush_all_at_exit() {
   for (auto& slot : g_writers) {
     TraceWriter* w = slot.load(std::memory_order_acquire);
-    if (w != nullptr && w->options().flush_at_exit) w->flush();
+    if (w != nullptr && w->options().flush_at_exit) {
+      w->flush();
+      w->report_dropped();
+    }
   }
 }
 
@@ -409,9 +486,23 @@ TraceWriter::TraceWriter(TraceWriterOptions options) : options_(std::move(option
   struct tm local;
   if (localtime_r(&t, &local) != nullptr) im.utc_offset_s = local.tm_gmtoff;
 
-  im.fd = ::open(options_.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // Judge the path before opening it (opening a device can have effects of its own), then the
+  // descriptor itself (the path may have changed in between). O_NONBLOCK: see the header.
+  struct stat st;
+  if (::stat(options_.path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    im.fail(kNotRegularFile);
+    return;
+  }
+  im.fd = ::open(options_.path.c_str(),
+                 O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, 0644);
   if (im.fd < 0) {
     im.fail(errno);
+    return;
+  }
+  if (::fstat(im.fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(im.fd);
+    im.fd = -1;
+    im.fail(kNotRegularFile);
     return;
   }
   std::string header = std::string(kTraceHeader) + "\n";
@@ -490,7 +581,10 @@ void TraceWriter::record(std::uint8_t action, int device, DevPtr ptr, std::size_
         dropped_.fetch_add(1, std::memory_order_relaxed);
         return;
       }
-      im.drain(false);
+      if (!im.drain_for_producer()) {
+        dropped_.fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
       pos = im.tail.load(std::memory_order_relaxed);
     } else {
       pos = im.tail.load(std::memory_order_relaxed);
@@ -533,6 +627,11 @@ void TraceWriter::close() noexcept {
     ::close(im.fd);
     im.fd = -1;
   }
+  im.report_dropped();
+}
+
+void TraceWriter::report_dropped() noexcept {
+  if (impl_ && !impl_->in_child.load(std::memory_order_relaxed)) impl_->report_dropped();
 }
 
 void TraceWriter::on_fork_child() noexcept {

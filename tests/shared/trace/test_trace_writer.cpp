@@ -1,14 +1,18 @@
 // TraceWriter: every event recorded in RMM's CSV columns, from many threads; nothing lost on
 // SIGTERM (and the program's own SIGTERM handler still runs); disk problems reported once and
-// never fatal; forked children do not write into the parent's trace.
+// never fatal; a FIFO or device never blocks the program; forked children do not write into the
+// parent's trace.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -184,18 +188,89 @@ TEST(TraceWriter, UnwritablePathIsReportedOnceAndHarmless) {
       << err;
 }
 
-TEST(TraceWriter, FullDiskIsReportedOnceAndTheProgramContinues) {
+TEST(TraceWriter, DeviceFileIsRefusedAndHarmless) {
   StderrCapture cap;
   TraceWriter w(options_for("/dev/full"));
+  EXPECT_FALSE(w.ok());
   for (int i = 0; i < 5000; ++i) {
     w.on_allocate(0, 4096 * (i + 1), 10, 0, ServedBy::fresh);
     if (i % 100 == 0) w.flush();
   }
   w.close();
-  EXPECT_FALSE(w.ok());
+  EXPECT_EQ(w.records_written(), 0u);
   std::string err = cap.text();
   EXPECT_EQ(count_of(err, "gpustitch: trace file"), 1) << err;
-  EXPECT_NE(err.find("No space left on device"), std::string::npos) << err;
+  EXPECT_NE(err.find("/dev/full: not a regular file"), std::string::npos) << err;
+}
+
+namespace {
+// Runs body in a child that SIGALRM kills after `seconds`; returns its wait status. A writer
+// that blocks the program shows up as a child killed by SIGALRM instead of a hung test.
+template <typename Body>
+int run_in_child_with_deadline(unsigned seconds, Body body) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    alarm(seconds);
+    _exit(body());
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return status;
+}
+
+std::string make_fifo(const std::string& name) {
+  std::string path = temp_path(name);
+  unlink(path.c_str());
+  EXPECT_EQ(mkfifo(path.c_str(), 0600), 0) << strerror(errno);
+  return path;
+}
+}  // namespace
+
+// trace: naming a FIFO nobody reads used to hang the program in its first allocation (the
+// writer's open() waited for a reader, under the library's init lock).
+TEST(TraceWriter, FifoWithoutAReaderIsRefusedAtOnce) {
+  const std::string fifo = make_fifo("noreader.fifo");
+  const std::string err_path = temp_path("noreader.err");
+  int status = run_in_child_with_deadline(10, [&] {
+    int fd = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(fd, 2);
+    TraceWriter w(options_for(fifo));
+    w.on_allocate(0, 0x1000, 1, 0, ServedBy::fresh);
+    w.close();
+    return w.ok() ? 3 : 0;
+  });
+  EXPECT_TRUE(WIFEXITED(status)) << "the writer blocked (killed by signal "
+                                 << (WIFSIGNALED(status) ? WTERMSIG(status) : 0) << ")";
+  EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 0);
+  std::ifstream ein(err_path);
+  std::stringstream err;
+  err << ein.rdbuf();
+  EXPECT_EQ(count_of(err.str(), "gpustitch: trace file"), 1) << err.str();
+  EXPECT_NE(err.str().find(fifo), std::string::npos) << err.str();
+  unlink(fifo.c_str());
+}
+
+// A FIFO whose reader opened it and then stopped reading used to block every allocating thread
+// once the pipe filled.
+TEST(TraceWriter, FifoWhoseReaderStopsReadingNeverBlocksTheProgram) {
+  const std::string fifo = make_fifo("stalled.fifo");
+  int status = run_in_child_with_deadline(20, [&] {
+    int reader = open(fifo.c_str(), O_RDONLY | O_NONBLOCK);  // opened, never read
+    if (reader < 0) return 4;
+    int devnull = open("/dev/null", O_WRONLY);
+    dup2(devnull, 2);
+    auto o = options_for(fifo);
+    o.ring_records = 1024;
+    TraceWriter w(o);
+    for (int i = 0; i < 200000; ++i)
+      w.on_allocate(0, 0x10000 + 4096 * static_cast<DevPtr>(i), 64, 0, ServedBy::fresh);
+    w.close();
+    return w.ok() ? 3 : 0;
+  });
+  EXPECT_TRUE(WIFEXITED(status)) << "the program blocked (killed by signal "
+                                 << (WIFSIGNALED(status) ? WTERMSIG(status) : 0) << ")";
+  EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 0) << "a FIFO must not be traced";
+  unlink(fifo.c_str());
 }
 
 TEST(TraceWriter, DiskFullMidwayKeepsEveryWrittenLineWhole) {

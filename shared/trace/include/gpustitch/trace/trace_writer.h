@@ -15,8 +15,10 @@
 // uses nothing but the ring, a preallocated buffer and write(), so it is async-signal-safe and is
 // also run from an atexit hook and from a SIGTERM handler that then chains to the handler that
 // was installed before. A full ring is drained by the producer itself, so nothing is dropped
-// while the file is writable. An unwritable path or a failed write (disk full) is reported once
-// on stderr; tracing then stops and the program carries on.
+// while the file is writable; a producer never waits more than 2 ms for another drainer, and
+// drops (and counts) its record instead. Only a regular file is traced (a FIFO or device could
+// block the program); an unusable path or a failed write (disk full) is reported once on stderr;
+// tracing then stops and the program carries on.
 #pragma once
 
 #include <atomic>
@@ -43,8 +45,9 @@ struct TraceWriterOptions {
 
 class TraceWriter final : public PoolObserver {
  public:
-  // Opens (truncates) the file and writes the header. Never fails: on an unwritable path the
-  // problem is reported once on stderr and the writer records nothing (ok() is false).
+  // Opens (truncates) the file and writes the header. Never fails and never blocks: on an
+  // unwritable path or one that is not a regular file the problem is reported once on stderr and
+  // the writer records nothing (ok() is false).
   explicit TraceWriter(TraceWriterOptions options);
   ~TraceWriter() override;
   TraceWriter(const TraceWriter&) = delete;
@@ -57,8 +60,12 @@ class TraceWriter final : public PoolObserver {
   // Writes everything recorded before the call. Blocking; async-signal-safe apart from the
   // bounded wait for a concurrent drainer.
   void flush() noexcept;
-  // Stops the writer thread, flushes and closes the file. Later records are ignored.
+  // Stops the writer thread, flushes and closes the file, then reports dropped records (once,
+  // on stderr). Later records are ignored.
   void close() noexcept;
+  // Reports records dropped so far on stderr, once per writer (atexit does this for the hooks'
+  // writers).
+  void report_dropped() noexcept;
 
   bool ok() const noexcept { return !failed_.load(std::memory_order_relaxed); }
   std::uint64_t records_written() const noexcept {
