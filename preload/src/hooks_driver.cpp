@@ -75,11 +75,14 @@ CUresult free_async(CUdeviceptr dptr, CUstream stream, bool per_thread) {
   Hook h = per_thread ? Hook::cuMemFreeAsync_ptsz : Hook::cuMemFreeAsync;
   Pool* pool = pl::existing_pool();
   if (pool && dptr) {
-    switch (pl::serve_free_async(*pool, dptr, stream, per_thread, "cuMemFreeAsync")) {
+    CUresult error = CUDA_SUCCESS;
+    switch (pl::serve_free_async(*pool, dptr, stream, per_thread, "cuMemFreeAsync", &error)) {
       case pl::FreeServed::freed:
         return CUDA_SUCCESS;
       case pl::FreeServed::capture_unsupported:
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+      case pl::FreeServed::invalid_stream:
+        return error;
       case pl::FreeServed::not_served:
         break;
     }

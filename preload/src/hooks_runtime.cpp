@@ -26,6 +26,22 @@ cudaError forward(Hook h, Args... args) {
   return fn(args...);
 }
 
+// The runtime's code for the driver's answer about a stream it rejects. The runtime numbers these
+// as the driver does (invalid handle 400, invalid context 201, context destroyed 709, invalid
+// value 1); anything else reads as an invalid resource handle, the runtime's answer for a stream
+// that is not one.
+cudaError runtime_error_of(CUresult r) {
+  switch (r) {
+    case CUDA_ERROR_INVALID_VALUE:
+    case CUDA_ERROR_INVALID_CONTEXT:
+    case CUDA_ERROR_INVALID_HANDLE:
+    case CUDA_ERROR_CONTEXT_IS_DESTROYED:
+      return r;
+    default:
+      return cudaErrorInvalidResourceHandle;
+  }
+}
+
 // The runtime's codes for what the pool did; -1: forward instead. A failed cudaMalloc also leaves
 // its error as the runtime's last error (cudaGetLastError() after an OOM).
 int runtime_result(pl::Served served, void** ptr, DevPtr out) {
@@ -74,11 +90,14 @@ cudaError free_async(void* ptr, CUstream stream, bool per_thread) {
   Pool* pool = pl::existing_pool();
   auto p = reinterpret_cast<DevPtr>(ptr);
   if (pool && p) {
-    switch (pl::serve_free_async(*pool, p, stream, per_thread, "cudaFreeAsync")) {
+    CUresult error = CUDA_SUCCESS;
+    switch (pl::serve_free_async(*pool, p, stream, per_thread, "cudaFreeAsync", &error)) {
       case pl::FreeServed::freed:
         return cudaSuccess;
       case pl::FreeServed::capture_unsupported:
         return cudaErrorStreamCaptureUnsupported;
+      case pl::FreeServed::invalid_stream:
+        return runtime_error_of(error);
       case pl::FreeServed::not_served:
         break;
     }

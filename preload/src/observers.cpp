@@ -54,8 +54,9 @@ void publish_sites(shm::StatsPublisher& publisher, sites::SiteSampler& sampler) 
 
 // The record name prefix: "gpustitch", or $GPUSTITCH_SHM_PREFIX (as the CLI reads it) so that a
 // test or a second, private gpustitchd (record_prefix) can keep its processes apart. Letters,
-// digits,
-// '_' and '-' only: the prefix becomes part of a file name in /dev/shm.
+// digits, '_' and '-' only: the prefix becomes part of a file name in /dev/shm. An invalid one
+// turns publishing off (empty): falling back to the production prefix would put a process meant
+// to stay apart into the node's daemon's view.
 std::string record_prefix(spdlog::logger& log) {
   const char* env = std::getenv("GPUSTITCH_SHM_PREFIX");
   if (env == nullptr || *env == '\0') return std::string(shm::kDefaultPrefix);
@@ -65,9 +66,10 @@ std::string record_prefix(spdlog::logger& log) {
                         (c >= '0' && c <= '9') || c == '_' || c == '-';
                });
   if (valid) return prefix;
-  log.warn("GPUSTITCH_SHM_PREFIX: '{}' is not letters, digits, '_' or '-'; using '{}'", prefix,
-           shm::kDefaultPrefix);
-  return std::string(shm::kDefaultPrefix);
+  log.warn(
+      "GPUSTITCH_SHM_PREFIX: '{}' is not letters, digits, '_' or '-'; statistics not published",
+      prefix.substr(0, 64));
+  return {};
 }
 
 // For `gpustitch snapshot PID` (PyTorch memory_viz format): the pool's memory map, with the stacks
@@ -116,9 +118,10 @@ void add_configured_observers(const Config& config, Pool& pool, ObserverFanout& 
     fanout.add(std::move(sampler));
   }
   // Shared-memory statistics for gpustitchd and `gpustitch ps/top/show`.
-  if (config.publish) {
+  std::string prefix = config.publish ? record_prefix(log) : std::string();
+  if (!prefix.empty()) {
     shm::PublisherOptions options;
-    options.prefix = record_prefix(log);
+    options.prefix = std::move(prefix);
     options.on_tick = on_publisher_tick;
     options.augment = fill_coop_counters;
     auto publisher = std::make_unique<shm::StatsPublisher>(pool, config, std::move(options));

@@ -132,7 +132,7 @@ void initialize() noexcept {
     ConfigResult parsed = config_from_env();
     g_config = new Config(std::move(parsed.config));
     lg.set_level(parse_level(g_config->log_level));
-    for (const auto& e : parsed.errors) lg.warn("GPUSTITCH_CONF: {}", e);
+    for (const auto& e : parsed.errors) lg.warn("{}", e);  // each names GPUSTITCH_CONF itself
     g_ipc_native = g_config->ipc_native;
     if (!g_config->enabled) {
       lg.debug("disabled by configuration (enable:off); passing every call through");
@@ -238,8 +238,17 @@ Served serve_allocation(Pool& pool, int device, std::size_t size, Stream stream,
 }
 
 FreeServed serve_free_async(Pool& pool, DevPtr ptr, cuda::CUstream stream, bool per_thread,
-                            const char* api) noexcept {
-  if (stream_capturing(stream, per_thread)) {
+                            const char* api, cuda::CUresult* error) noexcept {
+  const Capture capture = stream_capture(stream, per_thread, error);
+  if (capture == Capture::invalid) {
+    // Not "capturing": the stream is gone. Native CUDA would reject the call; the block is freed
+    // as cudaFree frees (fenced against all device work), or it would stay live for good.
+    if (pool.deallocate(ptr, kAnyStream) != Status::ok) return FreeServed::not_served;
+    log().debug("{} on a stream the driver rejects (error {}): freed with cudaFree semantics", api,
+                static_cast<int>(*error));
+    return FreeServed::invalid_stream;
+  }
+  if (capture == Capture::active) {
     if (!pool.find(ptr)) return FreeServed::not_served;
     log().error(
         "{} of pool memory on a capturing stream is not supported; allocate memory used by CUDA "
@@ -307,14 +316,22 @@ bool stream_device(cuda::CUstream stream, bool per_thread, bool runtime, int* de
   return runtime ? runtime_current_device(device) : driver_current_device(device);
 }
 
-bool stream_capturing(cuda::CUstream stream, bool per_thread) noexcept {
+Capture stream_capture(cuda::CUstream stream, bool per_thread, cuda::CUresult* error) noexcept {
   const auto& d = driver_calls();
   auto query = per_thread ? d.stream_is_capturing_ptsz : d.stream_is_capturing;
   if (!query) query = d.stream_is_capturing;
-  if (!query) return false;  // a driver without graphs cannot capture
+  if (!query) return Capture::none;  // a driver without graphs cannot capture
   int status = cuda::CU_STREAM_CAPTURE_STATUS_NONE;
-  if (query(stream, &status) != cuda::CUDA_SUCCESS) return true;
-  return status != cuda::CU_STREAM_CAPTURE_STATUS_NONE;
+  const cuda::CUresult rc = query(stream, &status);
+  if (rc != cuda::CUDA_SUCCESS) {
+    if (error) *error = rc;
+    return Capture::invalid;
+  }
+  return status != cuda::CU_STREAM_CAPTURE_STATUS_NONE ? Capture::active : Capture::none;
+}
+
+bool stream_capturing(cuda::CUstream stream, bool per_thread) noexcept {
+  return stream_capture(stream, per_thread) != Capture::none;
 }
 
 Stream stream_key(cuda::CUstream stream, bool per_thread) noexcept {

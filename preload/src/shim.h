@@ -87,7 +87,13 @@ bool runtime_current_device(int* device) noexcept;
 // without asking the driver.
 bool stream_device(cuda::CUstream stream, bool per_thread, bool runtime, int* device) noexcept;
 // Whether stream is being captured into a CUDA graph (then stream-ordered calls keep their native,
-// graph-recording behaviour). Errors count as "capturing": native handling is always safe.
+// graph-recording behaviour). invalid: the driver could not say (a destroyed stream, no context);
+// *error, when given, is its answer.
+enum class Capture { none, active, invalid };
+Capture stream_capture(cuda::CUstream stream, bool per_thread,
+                       cuda::CUresult* error = nullptr) noexcept;
+// stream_capture() != none. For allocations, where an invalid stream counts as "capturing":
+// native handling is always safe, and the native call reports the stream's error.
 bool stream_capturing(cuda::CUstream stream, bool per_thread) noexcept;
 // The pool's identity for a stream: the legacy default stream is 0, and the per-thread default
 // stream (handle 0x2, or 0 in a per-thread-stream call) a value unique to the calling thread, since
@@ -105,10 +111,14 @@ Served serve_allocation(Pool& pool, int device, std::size_t size, Stream stream,
 
 // A stream-ordered free (cudaFreeAsync, cuMemFreeAsync). capture_unsupported: ptr is the pool's
 // but stream is being captured into a graph, which cannot record a free of memory the driver does
-// not know (logged, naming api); not_served: ptr is not the pool's, the call goes to CUDA.
-enum class FreeServed { freed, capture_unsupported, not_served };
+// not know (logged, naming api); invalid_stream: ptr is the pool's but the driver rejects stream
+// (destroyed, or of no context): the block is freed with cudaFree semantics (reused only after
+// the device work queued so far completes, so nothing still running on any stream can see it
+// reused) and the caller gets the driver's error in *error; not_served: ptr is not the pool's,
+// the call goes to CUDA.
+enum class FreeServed { freed, capture_unsupported, invalid_stream, not_served };
 FreeServed serve_free_async(Pool& pool, DevPtr ptr, cuda::CUstream stream, bool per_thread,
-                            const char* api) noexcept;
+                            const char* api, cuda::CUresult* error) noexcept;
 
 // --- errors -------------------------------------------------------------------------------------
 cuda::CUresult to_curesult(Status s) noexcept;

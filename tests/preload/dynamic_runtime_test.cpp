@@ -30,6 +30,9 @@ int cuMemGetAddressRange_v2(CUdeviceptr*, std::size_t*, CUdeviceptr);
 int cuPointerGetAttribute(void*, int, CUdeviceptr);
 int cuPointerGetAttributes(unsigned, int*, void**, CUdeviceptr);
 int cuStreamCreate(CUstream_st**, unsigned);
+int cuStreamDestroy_v2(CUstream_st*);
+int cuMemAllocAsync(CUdeviceptr*, std::size_t, CUstream_st*);
+int cuMemFreeAsync(CUdeviceptr, CUstream_st*);
 // A reference to the pre-2.34 version of dlsym.
 void* dlsym_glibc_2_2_5(void*, const char*);
 __asm__(".symver dlsym_glibc_2_2_5,dlsym@GLIBC_2.2.5");
@@ -38,7 +41,7 @@ __asm__(".symver dlsym_glibc_2_2_5,dlsym@GLIBC_2.2.5");
 namespace {
 
 constexpr int kSuccess = 0, kInvalidValue = 1, kMemoryAllocation = 2, kNotSupported = 801,
-              kCaptureUnsupported = 900;
+              kCaptureUnsupported = 900, kInvalidResourceHandle = 400;
 constexpr std::size_t MiB = 1 << 20;
 
 void fill(void* p, std::size_t n, unsigned char seed) {
@@ -352,6 +355,35 @@ TEST_F(DynamicRuntime, GraphCaptureKeepsNativeBehaviourAndIsNotServedTwice) {
   fakecuda_set_capturing(s, 0);
   EXPECT_EQ(cudaFreeAsync(before_capture, s), kSuccess);
   EXPECT_EQ(cudaStreamDestroy(s), kSuccess);
+}
+
+// A free on a stream that was destroyed used to count as "on a capturing stream": error 900, a log
+// line about CUDA graphs, and the block stayed live for the life of the process. Now the caller
+// gets the driver's error for the stream and the pool takes the block back (fenced as cudaFree).
+TEST_F(DynamicRuntime, FreeAsyncOnADestroyedStreamReturnsTheStreamsErrorAndFreesTheBlock) {
+  CUstream_st* s = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&s), kSuccess);
+  void* p = nullptr;
+  ASSERT_EQ(cudaMallocAsync(&p, 3 * MiB, s), kSuccess);
+  ASSERT_TRUE(shim::owns(p));
+  const auto before = shim::stats(0);
+  ASSERT_EQ(cudaStreamDestroy(s), kSuccess);
+  EXPECT_EQ(cudaFreeAsync(p, s), kInvalidResourceHandle);
+  cudaGetLastError();
+  EXPECT_FALSE(shim::owns(p)) << "the block must not stay live";
+  EXPECT_EQ(shim::stats(0).live_blocks, before.live_blocks - 1);
+  EXPECT_EQ(fakecuda_calls("cuMemFreeAsync"), 0) << "pool memory must not reach the driver";
+
+  // The same through the driver API.
+  CUstream_st* d = nullptr;
+  ASSERT_EQ(cuStreamCreate(&d, 0), kSuccess);
+  CUdeviceptr q = 0;
+  ASSERT_EQ(cuMemAllocAsync(&q, 3 * MiB, d), kSuccess);
+  ASSERT_TRUE(shim::owns(reinterpret_cast<void*>(q)));
+  ASSERT_EQ(cuStreamDestroy_v2(d), kSuccess);
+  EXPECT_EQ(cuMemFreeAsync(q, d), kInvalidResourceHandle);
+  EXPECT_FALSE(shim::owns(reinterpret_cast<void*>(q)));
+  EXPECT_EQ(shim::stats(0).live_blocks, before.live_blocks - 1);
 }
 
 TEST_F(DynamicRuntime, PitchedAllocations) {

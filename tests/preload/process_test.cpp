@@ -2,6 +2,8 @@
 // when there is no driver, when the configuration says so, and at exit. Each test runs the probe
 // program (probe.cpp) under LD_PRELOAD with its own environment.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <string>
 
@@ -63,6 +65,38 @@ TEST(Process, BadConfigurationEntriesAreReportedOnceAndTheRestApplies) {
   std::size_t first = r.err.find("no_such_key");
   ASSERT_NE(first, std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("no_such_key", first + 1), std::string::npos) << r.err;
+  // The variable is named once per line, not "GPUSTITCH_CONF: GPUSTITCH_CONF:".
+  EXPECT_EQ(r.err.find("GPUSTITCH_CONF: GPUSTITCH_CONF"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("GPUSTITCH_CONF: unknown key 'no_such_key'"), std::string::npos) << r.err;
+}
+
+// An invalid GPUSTITCH_SHM_PREFIX used to fall back to the production prefix, putting a process
+// meant to stay apart (a test, a private daemon's) into the node daemon's view. It now turns
+// publishing off, with one line saying so.
+TEST(Process, AnInvalidRecordPrefixTurnsPublishingOffInsteadOfFallingBack) {
+  Result r = run_probe(
+      {kPreload, kBothLibs, "GPUSTITCH_CONF=backend:sim", "GPUSTITCH_SHM_PREFIX=../not/a/prefix"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("active=1"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("GPUSTITCH_SHM_PREFIX"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("statistics not published"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("using 'gpustitch'"), std::string::npos) << r.err;
+}
+
+// trace: naming a FIFO nobody reads used to hang the program in its first CUDA call (the trace
+// file's open() waited for a reader under the library's init lock). The program now runs, with
+// one line saying why it is not traced.
+TEST(Process, TraceToAFifoWithoutAReaderDoesNotHangTheProgram) {
+  std::string fifo = testing::TempDir() + "gpustitch_fifo_" + std::to_string(getpid());
+  unlink(fifo.c_str());
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  Result r = subprocess::run({PROBE_PATH, "alloc"},
+                             {kPreload, kBothLibs, "GPUSTITCH_CONF=backend:sim,trace:" + fifo},
+                             /*timeout_s=*/20);
+  unlink(fifo.c_str());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("active=1"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("trace file " + fifo), std::string::npos) << r.err;
 }
 
 TEST(Process, DisabledPassesEverythingThrough) {

@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -27,7 +28,10 @@ inline std::string slurp(const std::string& path) {
   return ss.str();
 }
 
-inline Result run(std::vector<std::string> argv, std::vector<std::string> env) {
+// timeout_s > 0: a child still running then is killed (SIGKILL, status 137), so a test of a
+// hang fails instead of hanging.
+inline Result run(std::vector<std::string> argv, std::vector<std::string> env,
+                  unsigned timeout_s = 0) {
   static int n = 0;
   std::string base = std::string(::testing::TempDir()) + "gpustitch_sub_" +
                      std::to_string(getpid()) + "_" + std::to_string(n++);
@@ -49,7 +53,18 @@ inline Result run(std::vector<std::string> argv, std::vector<std::string> env) {
   Result r;
   if (posix_spawn(&pid, args[0], &fa, nullptr, args.data(), envp.data()) == 0) {
     int status = 0;
-    waitpid(pid, &status, 0);
+    if (timeout_s == 0) {
+      waitpid(pid, &status, 0);
+    } else {
+      for (unsigned waited_ms = 0; waitpid(pid, &status, WNOHANG) == 0; waited_ms += 10) {
+        if (waited_ms >= timeout_s * 1000u) {
+          kill(pid, SIGKILL);
+          waitpid(pid, &status, 0);
+          break;
+        }
+        usleep(10000);
+      }
+    }
     r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   }
   posix_spawn_file_actions_destroy(&fa);

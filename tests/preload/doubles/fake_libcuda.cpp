@@ -36,6 +36,9 @@ struct Ctx {
 struct Stream {
   int device;
   std::atomic<int> capturing{0};
+  // Destroyed streams are kept (and answer CUDA_ERROR_INVALID_HANDLE) so that a test can call an
+  // API with a destroyed stream without the fake reading freed memory.
+  std::atomic<bool> destroyed{false};
 };
 
 constexpr CUresult kOk = 0, kInvalidValue = 1, kOom = 2, kNotInit = 3, kInvalidDevice = 101,
@@ -311,8 +314,11 @@ API CUresult cuStreamCreate(CUstream_st** s, unsigned /*flags*/) {
   return kOk;
 }
 API CUresult cuStreamDestroy_v2(CUstream_st* s) {
-  if (special(s)) return kInvalidHandle;
-  delete as_stream(s);
+  if (special(s) || as_stream(s)->destroyed.exchange(true)) return kInvalidHandle;
+  // Reachable from here for the leak checker; a handful per test run.
+  static std::vector<Stream*>* destroyed = new std::vector<Stream*>;
+  std::lock_guard g(drv().mu);
+  destroyed->push_back(as_stream(s));
   return kOk;
 }
 API CUresult cuStreamSynchronize(CUstream_st*) {
@@ -320,6 +326,7 @@ API CUresult cuStreamSynchronize(CUstream_st*) {
 }
 static CUresult stream_is_capturing(CUstream_st* s, int* status) {
   if (!status) return kInvalidValue;
+  if (!special(s) && as_stream(s)->destroyed) return kInvalidHandle;
   *status = special(s) ? 0 : as_stream(s)->capturing.load();
   return kOk;
 }
@@ -334,6 +341,7 @@ API CUresult cuStreamIsCapturing_ptsz(CUstream_st* s, int* status) {
 static CUresult stream_get_device(CUstream_st* s, int* dev) {
   if (!dev) return kInvalidValue;
   if (special(s)) return cuCtxGetDevice(dev);
+  if (as_stream(s)->destroyed) return kInvalidHandle;
   *dev = as_stream(s)->device;
   return kOk;
 }
