@@ -1,10 +1,12 @@
 // GPUSTITCH_CONF parsing. See config.h for the policy on bad input.
 #include "gpustitch/config.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace gpustitch {
 namespace {
@@ -197,6 +199,41 @@ const std::vector<KeySpec>& key_specs() {
   return specs;
 }
 
+// Edit distance (insertions, deletions, substitutions, adjacent transpositions) between two
+// short keys; keys are at most a few dozen characters, so the quadratic table is tiny.
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i)
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      std::size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+// The known key an unknown one most likely meant: the closest by edit distance, when it is
+// within a third of the key's length (at least 2), or the one the unknown key is a prefix or a
+// unit-less form of ("max_split_size" for max_split_size_mb). Empty when nothing is close.
+std::string nearest_key(std::string_view key) {
+  if (key.empty() || key.size() > 64) return {};
+  std::string_view best;
+  std::size_t best_distance = std::max<std::size_t>(2, key.size() / 3) + 1;
+  for (const auto& s : key_specs()) {
+    std::string_view k = s.key;
+    std::size_t dist = edit_distance(key, k);
+    if (key.size() >= 4 && k.substr(0, key.size()) == key) dist = std::min<std::size_t>(dist, 1);
+    if (dist < best_distance) {
+      best_distance = dist;
+      best = k;
+    }
+  }
+  return std::string(best);
+}
+
 }  // namespace
 
 ConfigResult parse_config(std::string_view text, const Config& base) {
@@ -221,7 +258,10 @@ ConfigResult parse_config(std::string_view text, const Config& base) {
       if (s.key == key) spec = &s;
     }
     if (spec == nullptr) {
-      result.errors.push_back("GPUSTITCH_CONF: unknown key '" + std::string(key) + "'; ignored");
+      std::string suggestion = nearest_key(key);
+      result.errors.push_back("GPUSTITCH_CONF: unknown key '" + std::string(key) + "'" +
+                              (suggestion.empty() ? "" : " (did you mean " + suggestion + "?)") +
+                              "; ignored");
       continue;
     }
     Config trial = result.config;

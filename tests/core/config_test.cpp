@@ -36,6 +36,18 @@ TEST(Config, UnknownKeyIsNamedAndTheRestStillApplies) {
   EXPECT_DOUBLE_EQ(r.config.cap_fraction, 0.5);
 }
 
+TEST(Config, UnknownKeySuggestsTheNearestKnownOne) {
+  auto r = parse_config("max_split_size:64,stiching:off,bogus_key:1,release_treshold_mb:8");
+  ASSERT_EQ(r.errors.size(), 4u);
+  EXPECT_NE(r.errors[0].find("unknown key 'max_split_size' (did you mean max_split_size_mb?)"),
+            std::string::npos)
+      << r.errors[0];
+  EXPECT_NE(r.errors[1].find("(did you mean stitching?)"), std::string::npos) << r.errors[1];
+  EXPECT_EQ(r.errors[2].find("did you mean"), std::string::npos) << r.errors[2];
+  EXPECT_NE(r.errors[3].find("(did you mean release_threshold_mb?)"), std::string::npos)
+      << r.errors[3];
+}
+
 TEST(Config, MalformedValuesAreRejectedOneMessageEach) {
   auto r = parse_config(
       "max_split_size_mb:abc,cap_fraction:2,stitching:maybe,noval,"
