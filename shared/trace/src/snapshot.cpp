@@ -16,8 +16,10 @@
 #include <deque>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "gpustitch/trace/pickle_writer.h"
 
@@ -329,13 +331,37 @@ bool write_small_file(const std::string& path, const std::string& text) {
 
 }  // namespace
 
-std::string SnapshotRequests::directory(bool create) {
-  std::string dir;
-  if (const char* xdg = std::getenv("XDG_RUNTIME_DIR"); xdg != nullptr && xdg[0] == '/') {
-    dir = std::string(xdg) + "/gpustitch";
-  } else {
-    dir = "/tmp/gpustitch-" + std::to_string(::getuid());
+namespace {
+
+// The rendezvous directory of a process whose XDG_RUNTIME_DIR is xdg (null or relative: none).
+std::string directory_for(const char* xdg) {
+  if (xdg != nullptr && xdg[0] == '/') return std::string(xdg) + "/gpustitch";
+  return "/tmp/gpustitch-" + std::to_string(::getuid());
+}
+
+// XDG_RUNTIME_DIR in the environment process pid started with (/proc/PID/environ, readable for
+// the same user). nullopt: the environment could not be read; "" : the variable is not set.
+std::optional<std::string> target_xdg(int pid) {
+  if (pid == ::getpid()) {  // ourselves: what we poll with, set at run time or not
+    const char* own = std::getenv("XDG_RUNTIME_DIR");
+    return std::string(own ? own : "");
   }
+  std::ifstream in("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
+  if (!in) return std::nullopt;
+  std::string entry;
+  std::size_t read = 0;
+  while (std::getline(in, entry, '\0')) {
+    read += entry.size() + 1;
+    if (read > (1u << 20)) break;  // an environment is far smaller; do not read without end
+    if (entry.rfind("XDG_RUNTIME_DIR=", 0) == 0) return entry.substr(16);
+  }
+  return std::string();
+}
+
+}  // namespace
+
+std::string SnapshotRequests::directory(bool create) {
+  std::string dir = directory_for(std::getenv("XDG_RUNTIME_DIR"));
   if (create && ::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return {};
   return private_directory(dir) ? dir : std::string{};
 }
@@ -346,22 +372,43 @@ bool SnapshotRequests::request(int pid, const std::string& out_path, unsigned ti
     if (why) *why = "no process " + std::to_string(pid);
     return false;
   }
-  std::string dir = directory(true);
-  if (dir.empty()) {
-    if (why) *why = "cannot use the private request directory (XDG_RUNTIME_DIR or /tmp)";
+  // The process polls the directory of its own environment, not ours: ask there. Where its
+  // environment cannot be read, ask in both places it could be polling.
+  std::vector<std::string> dirs;
+  if (auto xdg = target_xdg(pid)) {
+    dirs.push_back(directory_for(xdg->c_str()));
+  } else {
+    dirs.push_back(directory_for(std::getenv("XDG_RUNTIME_DIR")));
+    dirs.push_back(directory_for(nullptr));
+  }
+  if (dirs.size() == 2 && dirs[0] == dirs[1]) dirs.pop_back();
+  std::vector<std::string> bases;
+  std::string last_error = "cannot use the private request directory " + dirs.front();
+  for (const auto& dir : dirs) {
+    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) continue;
+    if (!private_directory(dir)) continue;
+    std::string base = dir + "/snapshot-" + std::to_string(pid);
+    ::unlink((base + ".done").c_str());
+    if (!write_small_file(base + ".request", out_path + "\n")) {
+      last_error = "cannot write " + base + ".request: " + std::strerror(errno);
+      continue;
+    }
+    bases.push_back(base);
+  }
+  if (bases.empty()) {
+    if (why) *why = last_error;
     return false;
   }
-  std::string base = dir + "/snapshot-" + std::to_string(pid);
-  ::unlink((base + ".done").c_str());
-  if (!write_small_file(base + ".request", out_path + "\n")) {
-    if (why) *why = "cannot write " + base + ".request: " + std::strerror(errno);
-    return false;
-  }
+  auto withdraw = [&] {
+    for (const auto& base : bases) ::unlink((base + ".request").c_str());
+  };
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   std::string done;
   while (std::chrono::steady_clock::now() < deadline) {
-    if (read_small_file(base + ".done", &done)) {
+    for (const auto& base : bases) {
+      if (!read_small_file(base + ".done", &done)) continue;
       ::unlink((base + ".done").c_str());
+      withdraw();
       if (done == "ok") return true;
       if (why) *why = done;
       return false;
@@ -369,7 +416,7 @@ bool SnapshotRequests::request(int pid, const std::string& out_path, unsigned ti
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   // Withdraw the request unless the process has just taken it.
-  ::unlink((base + ".request").c_str());
+  withdraw();
   if (why)
     *why = "process " + std::to_string(pid) + " did not answer within " +
            std::to_string(timeout_ms) +

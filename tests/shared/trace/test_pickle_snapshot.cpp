@@ -2,8 +2,10 @@
 // snapshot has the structure torch.cuda.memory._snapshot() documents (check_snapshot.py); the
 // request channel delivers a snapshot from a "process" (here: a polling thread of this one).
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -12,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "gpustitch/trace/pickle_writer.h"
 #include "gpustitch/trace/snapshot.h"
@@ -218,6 +221,61 @@ TEST(SnapshotRequests, AProcessAnswersARequestThroughItsPollingThread) {
 
   // Nobody polls for a process that does not exist.
   EXPECT_FALSE(SnapshotRequests::request(999999999, out_path, 100, &why));
+}
+
+// The process to snapshot, run by the next test as this test binary with
+// GPUSTITCH_TEST_SNAPSHOT_TARGET set: polls for requests for 20 s (or until one is served) and
+// exits 0 once it served one. Skipped in an ordinary run.
+TEST(SnapshotRequests, TargetProcessHelper) {
+  if (std::getenv("GPUSTITCH_TEST_SNAPSHOT_TARGET") == nullptr) GTEST_SKIP() << "helper";
+  std::vector<LiveBlock> blocks(1);
+  blocks[0].ptr = 0x7f0000000000;
+  blocks[0].size = 2 * MiB;
+  for (int i = 0; i < 2000; ++i) {
+    if (SnapshotRequests::poll([&] { return build_snapshot(blocks, 1); })) _exit(0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  _exit(3);
+}
+
+// `gpustitch snapshot PID` failed with "did not answer ... as the same user?" when only one side
+// had XDG_RUNTIME_DIR set: each looked for the rendezvous directory in its own environment. The
+// requester now uses the target's.
+TEST(SnapshotRequests, ThePolledDirectoryIsTheTargetsNotTheCallers) {
+  std::string runtime = temp_path("xdg-target");
+  mkdir(runtime.c_str(), 0700);
+  for (bool target_has_xdg : {true, false}) {
+    // The target: this binary, running only the helper above, with or without XDG_RUNTIME_DIR.
+    std::vector<std::string> env_strings = {"GPUSTITCH_TEST_SNAPSHOT_TARGET=1"};
+    if (target_has_xdg) env_strings.push_back("XDG_RUNTIME_DIR=" + runtime);
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      std::vector<char*> envp;
+      for (auto& e : env_strings) envp.push_back(e.data());
+      envp.push_back(nullptr);
+      std::string filter = "--gtest_filter=SnapshotRequests.TargetProcessHelper";
+      char* argv[] = {const_cast<char*>("/proc/self/exe"), filter.data(), nullptr};
+      execve("/proc/self/exe", argv, envp.data());
+      _exit(127);
+    }
+    // The caller: the other way round.
+    if (target_has_xdg)
+      unsetenv("XDG_RUNTIME_DIR");
+    else
+      setenv("XDG_RUNTIME_DIR", runtime.c_str(), 1);
+    std::string out_path = temp_path(target_has_xdg ? "xdg-t.pickle" : "xdg-c.pickle");
+    std::string why;
+    bool ok = SnapshotRequests::request(pid, out_path, 8000, &why);
+    int status = 0;
+    if (!ok) kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    EXPECT_TRUE(ok) << (target_has_xdg ? "target with, caller without: " : "caller with: ") << why;
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    struct stat st;
+    EXPECT_EQ(stat(out_path.c_str(), &st), 0) << out_path;
+  }
+  unsetenv("XDG_RUNTIME_DIR");
 }
 
 TEST(Snapshot, PoolSegmentsKeepFreeAndPendingBlocks) {

@@ -20,8 +20,11 @@
 //             DIR/snapshot-<pid>.done ("ok" or "error: ...").
 //   process:  poll() stats the request file (one stat() per call), takes it by rename, writes the
 //             snapshot to PATH.tmp, renames it to PATH and writes .done.
-// DIR is $XDG_RUNTIME_DIR/gpustitch, else /tmp/gpustitch-<uid>, mode 0700; the process only
-// honours requests in a directory it owns that no one else can write.
+// DIR is $XDG_RUNTIME_DIR/gpustitch, else /tmp/gpustitch-<uid>, mode 0700, in the environment of
+// the process asked (the CLI reads its /proc/PID/environ: the caller's own XDG_RUNTIME_DIR may be
+// set where the process's is not, or the other way round); where that cannot be read the CLI asks
+// in both places. The process only honours requests in a directory it owns that no one else can
+// write.
 #pragma once
 
 #include <cstdint>
