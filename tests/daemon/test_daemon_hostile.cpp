@@ -661,3 +661,85 @@ TEST_F(HostileDaemon, CliJsonOutputSurvivesInputThatIsNotUtf8) {
     }
   }
 }
+
+namespace {
+// Bytes a terminal acts on: ESC, BEL, the 8-bit CSI as a raw byte and as U+009B (C2 9B), and a
+// right-to-left override (U+202E, E2 80 AE).
+bool has_terminal_controls(const std::string& s) {
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    if (b == 0x1b || b == 0x07 || b == 0x9b) return true;
+    if (b == 0xc2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) >= 0x80 &&
+        static_cast<unsigned char>(s[i + 1]) <= 0x9f)
+      return true;
+    if (s.compare(i, 3, "\xe2\x80\xae") == 0) return true;
+  }
+  return false;
+}
+}  // namespace
+
+// Escape sequences from a daemon's answer (a process's command, user, exe, an allocation site,
+// the daemon's own error string) never reach the terminal raw: C0, C1 (CSI as 0x9B and as U+009B)
+// and bidirectional overrides are replaced in text output, and --json writes U+0080-U+009F as
+// \u escapes. Before, a C1 CSI went through everywhere and the error string went through raw.
+TEST_F(HostileDaemon, CliNeverPrintsTerminalControlsFromTheDaemon) {
+  // (A raw 0x9B byte is not UTF-8 and so cannot be in a JSON answer: see the records test.)
+  const std::string evil =
+      "ev\x1b]2;owned\x07il \xc2\x9b"
+      "31m \xe2\x80\xae"
+      "txt caf\xc3\xa9";
+  const std::string process =
+      R"({"pid":123,"user":")" + evil + R"(","exe":")" + evil + R"(","command":")" + evil +
+      R"(","devices":[{"device":0,"uuid":")" + evil +
+      R"(","bytes_allocated":1}],"events":[{"kind":")" + evil +
+      R"(","device":0}],"sites":[{"live_bytes":1,"count":1,"frames":[{"function":")" + evil +
+      R"(","library":")" + evil + R"("}]}]})";
+  // JSON strings cannot hold a raw ESC or BEL: the daemon's answer escapes them.
+  auto json_escaped = [](std::string s) {
+    std::string out;
+    for (char c : s) {
+      if (c == '\x1b')
+        out += "\\u001b";
+      else if (c == '\x07')
+        out += "\\u0007";
+      else
+        out += c;
+    }
+    return out;
+  };
+  const std::string answers[] = {
+      json_escaped(R"({"ok":true,"processes":[)" + process + "]}"),
+      json_escaped(R"({"ok":true,"process":)" + process + R"(,"history":[]})"),
+      json_escaped(R"({"ok":false,"error":")" + evil + R"("})"),
+  };
+  const std::vector<std::vector<std::string>> commands = {
+      {"show", "123", "--socket", socket_},    {"ps", "--socket", socket_},
+      {"top", "-n", "1", "--socket", socket_}, {"show", "123", "--json", "--socket", socket_},
+      {"ps", "--json", "--socket", socket_},   {"top", "-n", "1", "--json", "--socket", socket_},
+  };
+  for (std::size_t i = 0; i < std::size(answers); ++i) {
+    FakeDaemon fake(socket_, answers[i] + "\n");
+    ASSERT_TRUE(fake.ok());
+    for (const auto& cmd : commands) {
+      CliResult r = cli(dir_, cmd);
+      const std::string what = "answer " + std::to_string(i) + ", " + cmd[0] + " " + cmd[1];
+      EXPECT_FALSE(has_terminal_controls(r.out)) << what << ": " << r.out;
+      EXPECT_FALSE(has_terminal_controls(r.err)) << what << ": " << r.err;
+      const bool as_json = std::find(cmd.begin(), cmd.end(), "--json") != cmd.end();
+      const bool shows_it = (i == 0 && cmd[0] != "show") || (i == 1 && cmd[0] == "show");
+      if (!as_json && shows_it) {
+        EXPECT_NE(r.out.find("caf\xc3\xa9"), std::string::npos) << what << ": letters are kept\n"
+                                                                << r.out;
+      }
+      if (as_json && !r.out.empty()) {
+        json j = json::parse(r.out, nullptr, false);  // still the same document for a parser
+        ASSERT_FALSE(j.is_discarded()) << what << ": " << r.out;
+        if (shows_it) {
+          const json& command =
+              cmd[0] == "show" ? j["process"]["command"] : j["processes"][0]["command"];
+          EXPECT_EQ(command, evil) << what;
+        }
+      }
+    }
+  }
+}

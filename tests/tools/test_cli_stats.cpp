@@ -138,6 +138,29 @@ TEST_F(CliStats, ControlCharactersInRecordsAreNeutralized) {
   EXPECT_NE(out.find("evil?]2;owned??[2J"), std::string::npos) << out;
 }
 
+// ... nor the 8-bit CSI, as a raw byte (0x9B) or as U+009B in UTF-8 (C2 9B), nor a right-to-left
+// override; letters outside ASCII are kept. Before, only bytes below 0x20 and DEL were replaced.
+TEST_F(CliStats, C1ControlsInRecordsAreNeutralized) {
+  publish_own(
+      "evil\x9b"
+      "2J \xc2\x9b"
+      "31m \xe2\x80\xae"
+      "rtl caf\xc3\xa9");
+  for (const auto& cmd : std::vector<std::vector<std::string>>{
+           {"ps"}, {"top", "-n", "1"}, {"show", std::to_string(::getpid())}}) {
+    auto [rc, out] = cli(with(cmd, src()));
+    ASSERT_EQ(rc, 0) << cmd[0];
+    EXPECT_EQ(out.find('\x9b'), std::string::npos) << cmd[0] << ": " << out;
+    EXPECT_EQ(out.find("\xe2\x80\xae"), std::string::npos) << cmd[0] << ": " << out;
+    EXPECT_NE(out.find("evil?2J ?31m ?rtl caf\xc3\xa9"), std::string::npos)
+        << cmd[0] << ": " << out;
+  }
+  auto [rc, out] = cli(with({"ps", "--json"}, src()));
+  ASSERT_EQ(rc, 0);
+  EXPECT_EQ(out.find("\xc2\x9b"), std::string::npos) << out;
+  EXPECT_NE(out.find("\\u009b"), std::string::npos) << out;
+}
+
 TEST_F(CliStats, ShowGivesCountersHistogramAndEvents) {
   publish_own();
   std::string pid = std::to_string(::getpid());
@@ -192,7 +215,7 @@ TEST_F(CliStats, TopPrintsOneJsonObjectPerRefresh) {
   EXPECT_GT(second["time_ns"].get<std::uint64_t>(), first["time_ns"].get<std::uint64_t>());
   auto [trc, text] = cli(with({"top", "-n", "1"}, src()));
   EXPECT_EQ(trc, 0);
-  EXPECT_NE(text.find("1 processes"), std::string::npos) << text;
+  EXPECT_NE(text.find("1 process (source"), std::string::npos) << text;
   EXPECT_NE(text.find("1.50 GiB allocated"), std::string::npos) << text;
 }
 

@@ -10,6 +10,8 @@
 #include "format.h"
 #include "gpustitch/backend_factory.h"
 #include "gpustitch/pool.h"
+#include "number_checks.h"
+#include "terminal_text.h"
 
 namespace gpustitch::cli {
 namespace {
@@ -85,7 +87,8 @@ int run_demo(const DemoOptions& opt, const GlobalOptions& global) {
                                                  {"allocations", r.allocations},
                                                  {"seconds", r.seconds}};
     }
-    std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    std::cout << terminal_json(j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace))
+              << "\n";
     return kOk;
   }
   std::printf("gpustitch demo: transformer steps with sequence length jumping 256..8192\n");
@@ -110,21 +113,26 @@ int run_demo(const DemoOptions& opt, const GlobalOptions& global) {
   return kOk;
 }
 
-Registrar reg{
-    "demo", "Run a fragmenting training workload with stitching off and on",
-    [](CLI::App& sub, GlobalOptions& global) -> std::function<int()> {
-      auto opt = std::make_shared<DemoOptions>();
-      sub.add_option("--backend", opt->backend, "auto (GPU if present), cuda or sim")
-          ->capture_default_str();
-      sub.add_option("--capacity-gb", opt->capacity_gb,
-                     "Device memory budget in GiB (simulated size, or cap on a GPU)")
-          ->capture_default_str();
-      sub.add_option("--steps", opt->steps, "Training steps per run")->capture_default_str();
-      sub.add_option("--seed", opt->seed, "Random seed")->capture_default_str();
-      sub.add_option("--batch", opt->batch, "Batch size")->capture_default_str();
-      sub.add_option("--conf", opt->conf, "Extra configuration, GPUSTITCH_CONF style (k:v,...)");
-      return [opt, &global] { return run_demo(*opt, global); };
-    }};
+Registrar reg{"demo", "Run a fragmenting training workload with stitching off and on",
+              [](CLI::App& sub, GlobalOptions& global) -> std::function<int()> {
+                auto opt = std::make_shared<DemoOptions>();
+                sub.add_option("--backend", opt->backend, "auto (GPU if present), cuda or sim")
+                    ->capture_default_str();
+                sub.add_option("--capacity-gb", opt->capacity_gb,
+                               "Device memory budget in GiB (simulated size, or cap on a GPU)")
+                    ->capture_default_str()
+                    ->check(capacity_gb_check());
+                sub.add_option("--steps", opt->steps, "Training steps per run")
+                    ->capture_default_str()
+                    ->check(CLI::Range(1, kMaxGeneratedSteps));
+                sub.add_option("--seed", opt->seed, "Random seed")->capture_default_str();
+                sub.add_option("--batch", opt->batch, "Batch size")
+                    ->capture_default_str()
+                    ->check(CLI::Range(1, kMaxDemoBatch));
+                sub.add_option("--conf", opt->conf,
+                               "Extra configuration, GPUSTITCH_CONF style (k:v,...)");
+                return [opt, &global] { return run_demo(*opt, global); };
+              }};
 
 }  // namespace
 }  // namespace gpustitch::cli

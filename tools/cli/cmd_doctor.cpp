@@ -14,6 +14,7 @@
 #include "doctor.h"
 #include "gpustitch/shm/json.h"
 #include "gpustitch/shm/names.h"
+#include "terminal_text.h"
 
 namespace gpustitch::cli {
 using nlohmann::json;
@@ -165,12 +166,12 @@ DoctorCheck daemon_check{
       return r;
     }};
 
-// Where the preload library should be, in order: --preload, $GPUSTITCH_PRELOAD, next to the CLI
-// in a build tree, the install prefix.
+// Where the preload library should be, in order: --library (or --preload), $GPUSTITCH_LIBRARY
+// (the variable `gpustitch run` reads), next to the CLI in a build tree, the install prefix.
 std::vector<std::string> preload_candidates(const DoctorContext& ctx) {
   std::vector<std::string> c;
   if (!ctx.preload.empty()) return {ctx.preload};
-  if (const char* e = std::getenv("GPUSTITCH_PRELOAD"); e && *e) return {e};
+  if (const char* e = std::getenv("GPUSTITCH_LIBRARY"); e && *e) return {e};
   std::string exe = shm::self_exe();
   if (!exe.empty()) {
     auto dir = std::filesystem::path(exe).parent_path();
@@ -211,7 +212,7 @@ DoctorCheck preload_check{
         return r;
       }
       r.level = DoctorLevel::fail;
-      r.summary = "libgpustitch.so not found (set GPUSTITCH_PRELOAD or pass --preload)";
+      r.summary = "libgpustitch.so not found (set GPUSTITCH_LIBRARY or pass --library)";
       return r;
     }};
 
@@ -237,7 +238,8 @@ Registrar reg{
     [](CLI::App& sub, GlobalOptions& global) -> std::function<int()> {
       auto ctx = std::make_shared<DoctorContext>();
       sub.add_option("--socket", ctx->source.socket, "gpustitchd socket to check");
-      sub.add_option("--preload", ctx->preload, "Preload library to check");
+      sub.add_option("--library,--preload", ctx->preload,
+                     "Preload library to check (default $GPUSTITCH_LIBRARY, as for run)");
       sub.add_option("--prefix", ctx->source.prefix, "Record name prefix (tests)")->group("");
       sub.footer("Exit status: 0 every check passed (warnings allowed), 1 a check failed.");
       return [ctx, &global]() {
@@ -266,8 +268,9 @@ Registrar reg{
                               : r.level == DoctorLevel::warn ? "[warn]"
                               : r.level == DoctorLevel::fail ? "[FAIL]"
                                                              : "[skip]";
-            std::cout << tag << " " << c.name << ": " << r.summary << "\n";
-            for (const auto& l : r.lines) std::cout << "       " << l << "\n";
+            // Details quote files and other processes (config lines, library paths).
+            std::cout << tag << " " << c.name << ": " << terminal_text(r.summary) << "\n";
+            for (const auto& l : r.lines) std::cout << "       " << terminal_text(l) << "\n";
           }
         }
         if (global.json) print_json({{"ok", !failed}, {"checks", out}});

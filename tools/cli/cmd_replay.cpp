@@ -21,9 +21,11 @@
 #include "generator.h"
 #include "gpustitch/config.h"
 #include "gpustitch/trace/trace_reader.h"
+#include "number_checks.h"
 #include "plot.h"
 #include "policy.h"
 #include "replayer.h"
+#include "terminal_text.h"
 #include "trace_input.h"
 
 namespace gpustitch::cli {
@@ -125,10 +127,10 @@ int run_replay(const ReplayArgs& a, const GlobalOptions& g) {
       case TraceInputStatus::ok:
         break;
       case TraceInputStatus::cannot_open:
-        std::cerr << "gpustitch replay: " << why << "\n";
+        std::cerr << "gpustitch replay: " << terminal_text(why) << "\n";
         return kNotFound;
       case TraceInputStatus::malformed:
-        std::cerr << "gpustitch replay: " << why << "\n";
+        std::cerr << "gpustitch replay: " << terminal_text(why) << "\n";
         return kUsage;
     }
     tr = std::move(in.trace);
@@ -139,7 +141,8 @@ int run_replay(const ReplayArgs& a, const GlobalOptions& g) {
                 << " blocks live before the record began are replayed as allocated at its start\n";
   }
   for (const auto& e : tr.errors)
-    std::cerr << path << ":" << e.line << ": skipped: " << e.reason << "\n";
+    std::cerr << terminal_text(path) << ":" << e.line << ": skipped: " << terminal_text(e.reason)
+              << "\n";
   if (tr.bad_lines > tr.errors.size())
     std::cerr << path << ": " << tr.bad_lines - tr.errors.size() << " more bad lines skipped\n";
   if (tr.events.empty()) {
@@ -150,7 +153,10 @@ int run_replay(const ReplayArgs& a, const GlobalOptions& g) {
   if (!a.conf.empty()) {
     const ConfigResult conf = parse_config(a.conf);
     if (!conf.errors.empty()) {
-      for (const auto& e : conf.errors) std::cerr << "gpustitch replay: --conf: " << e << "\n";
+      for (std::string e : conf.errors) {
+        if (e.rfind("GPUSTITCH_CONF: ", 0) == 0) e.erase(0, 16);
+        std::cerr << "gpustitch replay: --conf: " << e << "\n";
+      }
       return kUsage;
     }
   }
@@ -259,7 +265,8 @@ int run_replay(const ReplayArgs& a, const GlobalOptions& g) {
       if (a.min_capacity) j["policies"].back()["min_capacity_bytes"] = min_caps[i];
       for (const auto& [name, value] : r.counters) j["policies"].back()[name] = value;
     }
-    std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    std::cout << terminal_json(j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace))
+              << "\n";
   } else {
     std::printf("trace %s: %zu events, device capacity %s\n", path.c_str(), tr.events.size(),
                 gib(env.capacity).c_str());
@@ -293,17 +300,23 @@ Registrar reg{
       auto a = std::make_shared<ReplayArgs>();
       app.add_option("trace", a->trace, "Trace file (RMM logging CSV)");
       app.add_option("--capacity-gb", a->capacity_gb,
-                     "Simulated device capacity in GiB (default 80)");
+                     "Simulated device capacity in GiB (default 80)")
+          ->check(capacity_gb_check());
       app.add_option("--policy", a->policies,
                      "Policies to replay, comma-separated (default: all default ones)");
       app.add_option("--max-split-mb", a->max_split_mb,
-                     "max_split_size_mb for the pytorch-max-split policy (adds it)");
+                     "max_split_size_mb for the pytorch-max-split policy (adds it)")
+          ->check(finite_range(0, kMaxCapacityGb * 1024, false,
+                               "a number of MiB between 0 and 1073741824"));
       app.add_option("--plot", a->plot, "Write allocated vs reserved to FILE.svg|.png");
-      app.add_option("--plot-width", a->plot_width, "Chart width in pixels (default 1000)");
-      app.add_option("--plot-height", a->plot_height, "Chart height in pixels (default 540)");
+      app.add_option("--plot-width", a->plot_width, "Chart width in pixels (default 1000)")
+          ->check(CLI::Range(400, kMaxPlotPixels));
+      app.add_option("--plot-height", a->plot_height, "Chart height in pixels (default 540)")
+          ->check(CLI::Range(200, kMaxPlotPixels));
       app.add_option("--generate", a->generate,
                      "Write the synthetic transformer trace to FILE (and replay it)");
-      app.add_option("--steps", a->steps, "Steps of the synthetic trace (default 120)");
+      app.add_option("--steps", a->steps, "Steps of the synthetic trace (default 120)")
+          ->check(CLI::Range(1, kMaxGeneratedSteps));
       app.add_flag("--list-policies", a->list, "List the policies and exit");
       app.add_flag("--gpu", a->gpu,
                    "Replay on the GPU: gpustitch over the CUDA backend (cap = capacity) "

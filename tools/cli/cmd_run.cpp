@@ -18,6 +18,9 @@
 // device at exit (what a user of run wants to see: did the pool serve, how much did it hold); the
 // user's GPUSTITCH_CONF and --conf come after it and win (summary:off).
 //
+// --conf is parsed before anything runs: an unknown key (with the nearest known one suggested) or
+// a bad value is a usage error (exit 2) and the program is not started.
+//
 // The library is looked up, in order: $GPUSTITCH_LIBRARY; next to the executable (../lib,
 // ../lib64, ../lib/<multiarch> of an installation; ../preload of a build tree); the system's
 // library directories.
@@ -31,11 +34,14 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "command.h"
 #include "framework_env.h"
+#include "gpustitch/config.h"
+#include "terminal_text.h"
 
 namespace gpustitch::cli {
 namespace {
@@ -81,6 +87,12 @@ std::vector<fs::path> library_candidates() {
   return out;
 }
 
+// parse_config's messages start with "GPUSTITCH_CONF: "; here the option is named instead.
+std::string without_conf_prefix(const std::string& e) {
+  constexpr std::string_view kPrefix = "GPUSTITCH_CONF: ";
+  return e.rfind(kPrefix, 0) == 0 ? e.substr(kPrefix.size()) : e;
+}
+
 // The absolute path of the library, or empty.
 std::string find_library() {
   for (const fs::path& p : library_candidates()) {
@@ -113,6 +125,13 @@ std::string preload_value(const std::string& lib, const char* existing) {
 int run(const RunOptions& o, const GlobalOptions& global) {
   if (o.command.empty()) {
     std::cerr << "gpustitch run: no command given (usage: gpustitch run [options] -- CMD ARGS)\n";
+    return kUsage;
+  }
+  // --conf is checked here, before the job starts: the library would only log a warning for an
+  // unknown key or a bad value and run the job with the setting the user meant left out.
+  if (const ConfigResult parsed = parse_config(o.conf); !parsed.errors.empty()) {
+    for (const auto& e : parsed.errors)
+      std::cerr << "gpustitch run: --conf: " << without_conf_prefix(e) << "\n";
     return kUsage;
   }
   std::string lib = find_library();
@@ -152,7 +171,8 @@ int run(const RunOptions& o, const GlobalOptions& global) {
       j["environment"] = nlohmann::json::object();
       for (const auto& [k, v] : set) j["environment"][k] = v;
       j["command"] = o.command;
-      std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+      std::cout << terminal_json(j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace))
+                << "\n";
     } else {
       for (const auto& [k, v] : set) std::cout << k << "=" << v << "\n";
       for (const auto& a : o.command) std::cout << a << (&a == &o.command.back() ? "\n" : " ");

@@ -5,6 +5,7 @@
 #include <ctime>
 #include <iostream>
 
+#include "number_checks.h"
 #include "stats_client.h"
 
 namespace gpustitch::cli {
@@ -172,7 +173,7 @@ void print_process(const json& answer, const std::string& source, int chart_widt
       std::cout << "  " << human_bytes(u64(e, "size")) << " from " << u64(e, "pieces") << " pieces";
     else if (kind == "trim" || kind == "release")
       std::cout << "  released " << human_bytes(u64(e, "size")) << " (" << u64(e, "pieces")
-                << " handles)";
+                << (u64(e, "pieces") == 1 ? " handle)" : " handles)");
     else if (kind == "coop_give")
       std::cout << "  gave " << human_bytes(u64(e, "size")) << " of idle cache to pid "
                 << u64(e, "peer_pid");
@@ -206,37 +207,38 @@ void print_process(const json& answer, const std::string& source, int chart_widt
     std::cout << "\n(history needs gpustitchd: it keeps a window per process)\n";
 }
 
-Registrar reg{
-    "show", "Details of one process: counters, size histogram, events, history",
-    [](CLI::App& sub, GlobalOptions& global) -> std::function<int()> {
-      auto opts = std::make_shared<ShowOptions>();
-      sub.add_option("pid", opts->pid, "Process id")->required()->check(CLI::PositiveNumber);
-      add_source_options(sub, opts->source);
-      sub.add_option("--history", opts->history_seconds, "Seconds of history to chart (daemon)");
-      sub.add_option("--width", opts->chart_width, "Chart width in columns")
-          ->check(CLI::Range(8, 1000));
-      sub.footer(
-          "Exit status: 0 shown, 3 no such process (or not yours), 4 record or daemon "
-          "unreadable.");
-      return [opts, &global]() {
-        Fetched f = fetch_show(opts->source, opts->pid, opts->history_seconds);
-        if (f.status != kOk) {
-          if (global.json)
-            print_json({{"error", f.error}, {"pid", opts->pid}});
-          else
-            std::cerr << "gpustitch show: pid " << opts->pid << ": " << f.error << "\n";
-          return f.status;
-        }
-        if (global.json) {
-          print_json({{"source", f.source},
-                      {"process", f.answer["process"]},
-                      {"history", items(f.answer, "history")}});
-        } else {
-          print_process(f.answer, f.source, opts->chart_width);
-        }
-        return int(kOk);
-      };
-    }};
+Registrar reg{"show", "Details of one process: counters, size histogram, events, history",
+              [](CLI::App& sub, GlobalOptions& global) -> std::function<int()> {
+                auto opts = std::make_shared<ShowOptions>();
+                sub.add_option("pid", opts->pid, "Process id")->required()->check(pid_check());
+                add_source_options(sub, opts->source);
+                sub.add_option("--history", opts->history_seconds,
+                               "Seconds of history to chart (daemon)")
+                    ->check(CLI::Range(0u, kMaxHistorySeconds));
+                sub.add_option("--width", opts->chart_width, "Chart width in columns")
+                    ->check(CLI::Range(8, 1000));
+                sub.footer(
+                    "Exit status: 0 shown, 3 no such process (or not yours), 4 record or daemon "
+                    "unreadable.");
+                return [opts, &global]() {
+                  Fetched f = fetch_show(opts->source, opts->pid, opts->history_seconds);
+                  if (f.status != kOk) {
+                    if (global.json)
+                      print_json({{"error", f.error}, {"pid", opts->pid}});
+                    else
+                      std::cerr << "gpustitch show: pid " << opts->pid << ": " << f.error << "\n";
+                    return f.status;
+                  }
+                  if (global.json) {
+                    print_json({{"source", f.source},
+                                {"process", f.answer["process"]},
+                                {"history", items(f.answer, "history")}});
+                  } else {
+                    print_process(f.answer, f.source, opts->chart_width);
+                  }
+                  return int(kOk);
+                };
+              }};
 
 }  // namespace
 }  // namespace gpustitch::cli

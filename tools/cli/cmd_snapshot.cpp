@@ -7,10 +7,14 @@
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
+#include "bounded_file.h"
 #include "command.h"
 #include "gpustitch/trace/snapshot.h"
 #include "gpustitch/trace/trace_reader.h"
+#include "number_checks.h"
+#include "terminal_text.h"
 
 namespace gpustitch::cli {
 namespace {
@@ -33,19 +37,31 @@ int run_snapshot(const SnapshotArgs& a, const GlobalOptions& g) {
     j["ok"] = ok;
     if (!ok) j["error"] = why;
     if (g.json) {
-      std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+      std::cout << terminal_json(j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace))
+                << "\n";
     } else if (ok) {
       std::cout << "wrote " << out << " (open it at https://pytorch.org/memory_viz)\n";
     } else {
-      std::cerr << "gpustitch snapshot: " << why << "\n";
+      std::cerr << "gpustitch snapshot: " << terminal_text(why) << "\n";  // may be the process's
     }
     return code;
   };
   if (!a.trace.empty()) {
     j["trace"] = a.trace;
     trace::Trace tr;
-    std::string why;
-    if (!trace::read_trace_file(a.trace, &tr, &why)) return report(false, why, kNotFound);
+    std::string why, bytes;
+    switch (replay::read_bounded_file(a.trace, replay::kMaxTraceFileBytes, &bytes, &why)) {
+      case replay::BoundedRead::ok:
+        break;
+      case replay::BoundedRead::cannot_open:
+        return report(false, why, kNotFound);
+      case replay::BoundedRead::refused:
+        return report(false, why, kUsage);
+    }
+    {
+      std::istringstream text(std::move(bytes));
+      tr = trace::read_trace(text);
+    }
     if (tr.bad_lines) std::cerr << a.trace << ": " << tr.bad_lines << " bad lines skipped\n";
     auto data = trace::snapshot_from_trace(tr, a.at);
     j["segments"] = data.segments.size();
@@ -61,18 +77,20 @@ int run_snapshot(const SnapshotArgs& a, const GlobalOptions& g) {
   return report(false, why, missing ? kNotFound : kUnreachable);
 }
 
-Registrar reg{"snapshot",
-              "Write a PyTorch memory snapshot (for pytorch.org/memory_viz) of a process or trace",
-              [](CLI::App& app, GlobalOptions& global) {
-                auto a = std::make_shared<SnapshotArgs>();
-                app.add_option("pid", a->pid, "Process running under gpustitch");
-                app.add_option("-o,--output", a->output, "Output file (.pickle)")->required();
-                app.add_option("--trace", a->trace, "Build the snapshot from a trace instead");
-                app.add_option("--at", a->at, "With --trace: state after the first N events");
-                app.add_option("--timeout-ms", a->timeout_ms,
-                               "How long to wait for the process (default 5000)");
-                return [a, &global]() { return run_snapshot(*a, global); };
-              }};
+Registrar reg{
+    "snapshot",
+    "Write a PyTorch memory snapshot (for pytorch.org/memory_viz) of a process or trace",
+    [](CLI::App& app, GlobalOptions& global) {
+      auto a = std::make_shared<SnapshotArgs>();
+      app.add_option("pid", a->pid, "Process running under gpustitch")->check(pid_check());
+      app.add_option("-o,--output", a->output, "Output file (.pickle)")->required();
+      app.add_option("--trace", a->trace, "Build the snapshot from a trace instead");
+      app.add_option("--at", a->at, "With --trace: state after the first N events");
+      app.add_option("--timeout-ms", a->timeout_ms,
+                     "How long to wait for the process (default 5000)")
+          ->check(CLI::Range(1u, 3600000u));
+      return [a, &global]() { return run_snapshot(*a, global); };
+    }};
 
 }  // namespace
 }  // namespace gpustitch::cli

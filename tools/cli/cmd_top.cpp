@@ -12,7 +12,9 @@
 #include <iostream>
 #include <map>
 
+#include "number_checks.h"
 #include "stats_client.h"
+#include "terminal_text.h"
 
 namespace gpustitch::cli {
 namespace {
@@ -98,7 +100,7 @@ std::string render(const Fetched& f, const TopOptions& o) {
   std::time_t now = std::time(nullptr);
   std::strftime(stamp, sizeof stamp, "%H:%M:%S", std::localtime(&now));
   out += "gpustitch top - " + std::string(stamp) + " - " + std::to_string(list.size()) +
-         " processes (source: " + f.source + ")   q: quit\n";
+         (list.size() == 1 ? " process" : " processes") + " (source: " + f.source + ")   q: quit\n";
   for (const auto& [dev, t] : per_device) {
     double used = t.total ? 1.0 - double(t.free) / double(t.total) : 0.0;
     int bar = 30, filled = static_cast<int>(std::lround(used * bar));
@@ -120,7 +122,7 @@ Registrar reg{
       auto opts = std::make_shared<TopOptions>();
       add_source_options(sub, opts->source);
       sub.add_option("-d,--interval", opts->interval, "Seconds between refreshes")
-          ->check(CLI::Range(0.05, 3600.0));
+          ->check(finite_range(0.05, 3600, false, "a number of seconds between 0.05 and 3600"));
       sub.add_option("-n,--iterations", opts->iterations, "Stop after N refreshes (0 = until q)");
       sub.add_option("-s,--sort", opts->sort,
                      "Sort by reserved|allocated|fragmentation|ooms|stitches|pid")
@@ -144,16 +146,16 @@ Registrar reg{
             return f.status;
           }
           if (global.json) {
-            std::cout << nlohmann::json{{"time_ns",
-                                         std::chrono::duration_cast<std::chrono::nanoseconds>(
+            std::cout << terminal_json(nlohmann::json{
+                             {"time_ns", std::chrono::duration_cast<std::chrono::nanoseconds>(
                                              std::chrono::system_clock::now().time_since_epoch())
                                              .count()},
-                                        {"source", f.source},
-                                        {"processes",
-                                         f.answer.is_object() && f.answer.contains("processes")
-                                             ? f.answer.at("processes")
-                                             : nlohmann::json::array()}}
-                             .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                             {"source", f.source},
+                             {"processes", f.answer.is_object() && f.answer.contains("processes")
+                                               ? f.answer.at("processes")
+                                               : nlohmann::json::array()}}
+                                           .dump(-1, ' ', false,
+                                                 nlohmann::json::error_handler_t::replace))
                       << "\n";
           } else {
             std::cout << (tty ? "\x1b[H\x1b[2J" : "") << render(f, *opts);

@@ -13,7 +13,9 @@
 #include <thread>
 
 #include "command.h"
+#include "number_checks.h"
 #include "plot.h"
+#include "terminal_text.h"
 #include "trace_input.h"
 #include "tune.h"
 #include "tune_plot.h"
@@ -76,15 +78,16 @@ int run_tune(const TuneArgs& a, const GlobalOptions& g) {
     case TraceInputStatus::ok:
       break;
     case TraceInputStatus::cannot_open:
-      std::cerr << "gpustitch tune: " << why << "\n";
+      std::cerr << "gpustitch tune: " << terminal_text(why) << "\n";
       return kNotFound;
     case TraceInputStatus::malformed:
-      std::cerr << "gpustitch tune: " << why << "\n";
+      std::cerr << "gpustitch tune: " << terminal_text(why) << "\n";
       return kUsage;
   }
   if (in.trace.bad_lines)
-    std::cerr << a.trace << ": " << in.trace.bad_lines << " bad lines skipped (first: line "
-              << in.trace.errors.front().line << ": " << in.trace.errors.front().reason << ")\n";
+    std::cerr << terminal_text(a.trace) << ": " << in.trace.bad_lines
+              << " bad lines skipped (first: line " << in.trace.errors.front().line << ": "
+              << terminal_text(in.trace.errors.front().reason) << ")\n";
 
   TuneOptions opt;
   opt.capacity = static_cast<std::uint64_t>(a.capacity_gb * 1024.0 * 1024.0 * 1024.0);
@@ -178,7 +181,8 @@ int run_tune(const TuneArgs& a, const GlobalOptions& g) {
                         {"min_capacity_bytes", gs.min_capacity},
                         {"ooms_at_capacity", gs.at_capacity.ooms}};
     }
-    std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    std::cout << terminal_json(j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace))
+              << "\n";
     return kOk;
   }
 
@@ -249,17 +253,23 @@ Registrar reg{
           ->required();
       app.add_option("--capacity-gb", a->capacity_gb,
                      "Device capacity in GiB the job must fit (default 80; the trace does not "
-                     "record the device's)");
+                     "record the device's)")
+          ->check(capacity_gb_check());
       app.add_option("--precision-mb", a->precision_mb,
                      "Bisection precision of the smallest device, MiB (default: 0.5% of the "
-                     "peak live bytes, at least 2)");
-      app.add_option("--jobs", a->jobs, "Settings replayed at once (default: one per core)");
+                     "peak live bytes, at least 2)")
+          ->check(finite_range(0, kMaxCapacityGb * 1024, false,
+                               "a number of MiB between 0 and 1073741824"));
+      app.add_option("--jobs", a->jobs, "Settings replayed at once (default: one per core)")
+          ->check(CLI::Range(0u, 1024u));
       app.add_option("--plot", a->plot,
                      "Write the chart of peak reserved and smallest device per setting to "
                      "FILE.svg or FILE.png");
-      app.add_option("--plot-width", a->plot_width, "Chart width in pixels (default 1000)");
+      app.add_option("--plot-width", a->plot_width, "Chart width in pixels (default 1000)")
+          ->check(CLI::Range(400, kMaxPlotPixels));
       app.add_option("--plot-height", a->plot_height,
-                     "Chart height in pixels (default: from the number of settings)");
+                     "Chart height in pixels (default: from the number of settings)")
+          ->check(CLI::Range(0, kMaxPlotPixels));
       return [a, &global]() { return run_tune(*a, global); };
     }};
 

@@ -29,6 +29,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "bounded_file.h"
 #include "gpustitch/config.h"
 #if GPUSTITCH_HAVE_DAEMON_CONFIG
 #include "daemon_config.h"  // the daemon's own parser: same keys, same errors
@@ -47,12 +48,18 @@ std::string trim(std::string_view s) {
   return std::string(s.substr(b, e - b + 1));
 }
 
-std::optional<std::string> read_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+// Configuration and unit files are a few KiB; 1 MiB is generous. Anything that is not a regular
+// file (a FIFO would block the doctor, /dev/zero would fill its memory) is refused.
+constexpr std::uint64_t kMaxConfigFileBytes = 1 << 20;
+
+std::optional<std::string> read_file(const std::string& path, std::string* why = nullptr) {
+  std::string bytes, reason;
+  if (replay::read_bounded_file(path, kMaxConfigFileBytes, &bytes, &reason) !=
+      replay::BoundedRead::ok) {
+    if (why) *why = reason;
+    return std::nullopt;
+  }
+  return bytes;
 }
 
 std::string errno_text(int err) {
@@ -234,9 +241,10 @@ KeyValues parse_key_values(const std::string& text) {
 DoctorCheck check_daemon_config(const InstallLayout& l, std::string* socket) {
   DoctorCheck c{"daemon config", false, ""};
   std::string path = l.at(l.daemon_config);
-  auto text = read_file(path);
+  std::string why;
+  auto text = read_file(path, &why);
   if (!text) {
-    c.detail = path + ": cannot read: " + errno_text(errno);
+    c.detail = why;
     return c;
   }
 #if GPUSTITCH_HAVE_DAEMON_CONFIG
@@ -262,9 +270,10 @@ DoctorCheck check_daemon_config(const InstallLayout& l, std::string* socket) {
 DoctorCheck check_preload_config(const InstallLayout& l) {
   DoctorCheck c{"preload config", false, ""};
   std::string path = l.at(l.preload_config);
-  auto text = read_file(path);
+  std::string why;
+  auto text = read_file(path, &why);
   if (!text) {
-    c.detail = path + ": cannot read: " + errno_text(errno);
+    c.detail = why;
     return c;
   }
   // One key:value per line; together they form a GPUSTITCH_CONF value.

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "command.h"
+#include "terminal_text.h"
 
 namespace gpustitch::cli {
 std::vector<CommandSpec>& registry() {
@@ -40,7 +41,7 @@ int main(int argc, char** argv) {
     try {
       return run();
     } catch (const std::exception& e) {
-      std::cerr << "gpustitch " << sub->get_name() << ": " << e.what() << "\n";
+      std::cerr << "gpustitch " << sub->get_name() << ": " << terminal_text(e.what()) << "\n";
       return kProblem;
     } catch (...) {
       std::cerr << "gpustitch " << sub->get_name() << ": unexpected error\n";

@@ -10,6 +10,7 @@
 #include "gpustitch/shm/json.h"
 #include "gpustitch/shm/names.h"
 #include "gpustitch/shm/record_reader.h"
+#include "terminal_text.h"
 
 namespace gpustitch::cli {
 using nlohmann::json;
@@ -59,7 +60,7 @@ bool ask_daemon(const SourceOptions& opts, const json& request, Fetched* out) {
   out->source = "daemon";
   if (member(*answer, "ok") != true) {
     const json& e = member(*answer, "error");
-    out->error = e.is_string() ? e.get<std::string>() : std::string("error");
+    out->error = e.is_string() ? terminal_text(e.get<std::string>()) : std::string("error");
     out->status = out->error == "not found" ? kNotFound : kProblem;
     return true;
   }
@@ -204,7 +205,7 @@ double f64(const json& j, const char* key) {
 
 std::string str(const json& j, const char* key) {
   auto it = j.find(key);
-  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+  return it != j.end() && it->is_string() ? terminal_text(it->get<std::string>()) : std::string();
 }
 
 int terminal_width() {
@@ -217,23 +218,31 @@ int terminal_width() {
 
 std::string format_table(const std::vector<std::vector<std::string>>& rows,
                          const std::vector<bool>& right, int width) {
+  // Every cell may come from a record or the daemon: made safe for a terminal before measuring.
+  std::vector<std::vector<std::string>> safe;
+  safe.reserve(rows.size());
+  for (const auto& r : rows) {
+    safe.emplace_back();
+    for (const auto& cell : r) safe.back().push_back(terminal_text(cell));
+  }
   std::vector<std::size_t> w;
-  for (const auto& r : rows)
+  for (const auto& r : safe)
     for (std::size_t i = 0; i + 1 < r.size(); ++i) {
       if (w.size() <= i) w.resize(i + 1, 0);
       w[i] = std::max(w[i], r[i].size());
     }
   std::string out;
-  for (const auto& r : rows) {
+  for (const auto& cells : safe) {
+    const auto& r = cells;
     std::string line;
     for (std::size_t i = 0; i < r.size(); ++i) {
       if (i) line += "  ";
       if (i + 1 == r.size()) {
-        line += r[i];
+        line += cells[i];
         break;
       }
-      std::string pad(w[i] - r[i].size(), ' ');
-      line += (i < right.size() && right[i]) ? pad + r[i] : r[i] + pad;
+      std::string pad(w[i] - cells[i].size(), ' ');
+      line += (i < right.size() && right[i]) ? pad + cells[i] : cells[i] + pad;
     }
     if (width > 0 && line.size() > static_cast<std::size_t>(width)) line.resize(width);
     out += line + "\n";
@@ -242,7 +251,7 @@ std::string format_table(const std::vector<std::vector<std::string>>& rows,
 }
 
 void print_json(const json& j) {
-  std::cout << j.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
+  std::cout << terminal_json(j.dump(2, ' ', false, json::error_handler_t::replace)) << "\n";
 }
 
 const std::vector<bool> kProcessRowAlign = {true, false, true, true, true,
@@ -418,7 +427,7 @@ Fetched fetch_table(const SourceOptions& opts, std::vector<std::vector<std::stri
         f.status = kUnreachable;
         f.error = "gpustitchd not reachable: the daemon sent malformed JSON";
       } else if (!t.ok) {
-        f.error = t.error.empty() ? std::string("error") : t.error;
+        f.error = t.error.empty() ? std::string("error") : terminal_text(t.error);
         f.status = f.error == "not found" ? kNotFound : kProblem;
       }
       *processes = t.processes;

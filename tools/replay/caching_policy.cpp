@@ -86,7 +86,7 @@ CachingAllocatorModel::Block* CachingAllocatorModel::find_free(FreeSet& pool, st
 
 CachingAllocatorModel::Block* CachingAllocatorModel::new_segment(std::size_t size, Stream stream,
                                                                  bool small) {
-  if (reserved_ + size > capacity_) return nullptr;
+  if (size > capacity_ - reserved_) return nullptr;  // reserved_ <= capacity_: no wrap-around
   auto* b = new Block{next_addr_, size, stream, small};
   b->gc_base = large_lookups_;
   next_addr_ += align_up(size, kRoundLarge) + kRoundLarge;  // keep segments apart
@@ -162,6 +162,9 @@ void CachingAllocatorModel::garbage_collect() {
 }
 
 std::uint64_t CachingAllocatorModel::allocate(std::size_t request, Stream stream) {
+  // A request larger than the device is out of memory, as PyTorch reports it; rounding it (up to
+  // 2^64 - 1 bytes from a hostile trace) would wrap around to a small size and "serve" it.
+  if (request > capacity_) return 0;
   std::size_t size = round_size(request, divisions_);
   bool small = size <= kSmallSize;
   FreeSet& pool = small ? small_free_ : large_free_;

@@ -6,9 +6,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -107,8 +109,11 @@ bool write_svg_or_png(const std::string& svg, const std::string& path, std::stri
   {
     std::ofstream out(svg_path);
     out << svg;
+    // close() writes what is still buffered (a whole small chart): its failure (disk full, file
+    // size limit) is the write's failure, and the command must not report success.
+    out.close();
     if (!out) {
-      if (why) *why = "cannot write " + svg_path;
+      if (why) *why = "cannot write " + svg_path + ": " + std::strerror(errno);
       return false;
     }
   }

@@ -1,20 +1,22 @@
 // read_trace_input: CSV or PyTorch snapshot. See trace_input.h.
 #include "trace_input.h"
 
-#include <fstream>
 #include <sstream>
+
+#include "bounded_file.h"
 
 namespace gpustitch::replay {
 
 TraceInputStatus read_trace_input(const std::string& path, TraceInput* in, std::string* why) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) {
-    *why = "cannot open " + path;
-    return TraceInputStatus::cannot_open;
+  std::string bytes;
+  switch (read_bounded_file(path, kMaxTraceFileBytes, &bytes, why)) {
+    case BoundedRead::ok:
+      break;
+    case BoundedRead::cannot_open:
+      return TraceInputStatus::cannot_open;
+    case BoundedRead::refused:
+      return TraceInputStatus::malformed;
   }
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const std::string bytes = ss.str();
   TraceInput result;
   if (looks_like_pickle(bytes)) {
     SnapshotImport report;
@@ -25,7 +27,7 @@ TraceInputStatus read_trace_input(const std::string& path, TraceInput* in, std::
     }
     result.snapshot = report;
   } else {
-    std::istringstream text(bytes);
+    std::istringstream text(std::move(bytes));
     result.trace = trace::read_trace(text);
   }
   if (result.trace.events.empty()) {

@@ -1,7 +1,8 @@
 // The TRACE argument of `gpustitch replay` and `gpustitch tune`: an RMM-format CSV (recorded by
 // gpustitch or by RMM) or a PyTorch memory snapshot pickle, told apart by the file's first byte.
 // One place decides what is unreadable (the file cannot be opened) and what is malformed (nothing
-// in it is an allocation event), so both commands answer the same way.
+// in it is an allocation event, or it is not a regular file, or it is larger than 4 GiB: see
+// bounded_file.h), so both commands answer the same way.
 #pragma once
 
 #include <optional>

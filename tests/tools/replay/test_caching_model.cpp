@@ -37,6 +37,20 @@ TEST(CachingModel, LargeRequestsAreRoundedTo2MiB) {
   EXPECT_EQ(m.reserved(), 12 * MiB);
 }
 
+// A request of 2^64 - 1 bytes (a hostile or corrupt trace) used to wrap around in the rounding
+// and be served from a 2 MiB segment.
+TEST(CachingModel, RequestsLargerThanTheDeviceAreOutOfMemory) {
+  for (std::size_t divisions : {0u, 4u}) {
+    CachingAllocatorModel m(1 * GiB, CachingOptions{SIZE_MAX, divisions, 0});
+    for (std::size_t request : {SIZE_MAX, SIZE_MAX - 511, SIZE_MAX / 2 + 1, 1 * GiB + 1}) {
+      EXPECT_EQ(m.allocate(request, kS), 0u) << request << " divisions " << divisions;
+      EXPECT_EQ(m.reserved(), 0u);
+      EXPECT_EQ(m.allocated(), 0u);
+    }
+    EXPECT_NE(m.allocate(1 * GiB, kS), 0u) << "the whole device still fits";
+  }
+}
+
 TEST(CachingModel, ALiveBlockPinsItsSegmentAndCausesOutOfMemory) {
   CachingAllocatorModel m(40 * MiB);
   std::uint64_t a = m.allocate(5 * MiB, kS);
