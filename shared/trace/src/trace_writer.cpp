@@ -27,11 +27,13 @@
 //     without a reader fails at once with ENXIO instead of waiting for one; a terminal does not
 //     become the controlling terminal) and anything that is not a regular file (FIFO, socket,
 //     device) is refused, since a reader that stops reading would block every write;
-//   - a producer that finds the ring full waits at most kProducerWaitNs for the drain lock.
-//     When the drainer holding it does not come back in that time (a write stuck on a hung file
-//     system), the producer drops its record and counts it, and later producers drop at once
-//     until a drain completes. Dropped records are reported once, with their count, at close or
-//     exit.
+//   - a producer that finds the ring full waits for the drain lock only while the drainer
+//     holding it makes progress. When no batch has been written for kProducerStallNs (a write
+//     stuck on a hung file system), the producer drops its record and counts it, and later
+//     producers drop at once until a drain completes. The bound is on progress, not on the wait:
+//     a drainer that is merely descheduled (a loaded machine, more producers than cores) comes
+//     back well within it, and dropping records then would make traces incomplete for no reason.
+//     Dropped records are reported once, with their count, at close or exit.
 //
 // Times are local wall-clock time of day like RMM's ("%H:%M:%S.%f"); the UTC offset is taken
 // once when the writer opens, so the drain path never calls into the time-zone code.
@@ -60,8 +62,9 @@ constexpr std::uint8_t kActionFree = 1;
 constexpr std::uint8_t kNoServedBy = 0xff;
 // Our own "error" for a path that is not a regular file (no errno says exactly that).
 constexpr int kNotRegularFile = -1;
-// How long a producer that finds the ring full waits for another drainer (see the header).
-constexpr std::uint64_t kProducerWaitNs = 2'000'000;
+// How long a producer that finds the ring full waits for another drainer that writes nothing
+// (see the header).
+constexpr std::uint64_t kProducerStallNs = 100'000'000;
 
 struct Record {
   std::uint64_t time_ns;
@@ -205,7 +208,8 @@ struct TraceWriter::Impl {
   alignas(64) std::atomic<std::uint64_t> tail{0};
   alignas(64) std::uint64_t head = 0;  // touched only by the drainer holding drain_lock
   std::atomic<bool> drain_lock{false};
-  std::atomic<bool> stalled{false};  // a producer gave up waiting for the drain lock
+  std::atomic<bool> stalled{false};       // a producer gave up waiting for the drain lock
+  std::atomic<std::uint64_t> batches{0};  // batches drained so far: the drainer's progress
   char* buf = nullptr;
   std::uint64_t committed = 0;  // file size after the last fully written batch
   static constexpr std::size_t kBufSize = 1 << 16;
@@ -236,18 +240,22 @@ struct TraceWriter::Impl {
   }
   void unlock() noexcept { drain_lock.store(false, std::memory_order_release); }
 
-  // A producer's drain of a full ring. False: the drain lock stayed taken for kProducerWaitNs
-  // (or, once that happened, was taken at all) and the caller drops its record.
+  // A producer's drain of a full ring. False: the drainer holding the lock drained nothing for
+  // kProducerStallNs (or, once that happened, the lock was taken at all) and the caller drops
+  // its record.
   bool drain_for_producer() noexcept {
     const bool stalled_now = stalled.load(std::memory_order_relaxed);
     std::uint64_t deadline = 0;
+    std::uint64_t seen = batches.load(std::memory_order_relaxed);
     for (unsigned spins = 0;; ++spins) {
       bool expected = false;
       if (drain_lock.compare_exchange_weak(expected, true, std::memory_order_acquire)) break;
       if (stalled_now) return false;
       if ((spins & 63) == 63) {
         std::uint64_t t = monotonic_ns();
-        if (deadline == 0) deadline = t + kProducerWaitNs;
+        const std::uint64_t now_seen = batches.load(std::memory_order_relaxed);
+        if (deadline == 0 || now_seen != seen) deadline = t + kProducerStallNs;
+        seen = now_seen;
         if (t > deadline) {
           stalled.store(true, std::memory_order_relaxed);
           return false;
@@ -367,6 +375,7 @@ struct TraceWriter::Impl {
       } else {
         owner->dropped_.fetch_add(taken, std::memory_order_relaxed);
       }
+      batches.fetch_add(1, std::memory_order_relaxed);
     }
     stalled.store(false, std::memory_order_relaxed);
   }

@@ -1,6 +1,7 @@
 // PyTorch snapshot export: the pickle loads in Python's pickle with the values written, and the
 // snapshot has the structure torch.cuda.memory._snapshot() documents (check_snapshot.py); the
 // request channel delivers a snapshot from a "process" (here: a polling thread of this one).
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -9,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -248,9 +250,15 @@ TEST(SnapshotRequests, ThePolledDirectoryIsTheTargetsNotTheCallers) {
     // The target: this binary, running only the helper above, with or without XDG_RUNTIME_DIR.
     std::vector<std::string> env_strings = {"GPUSTITCH_TEST_SNAPSHOT_TARGET=1"};
     if (target_has_xdg) env_strings.push_back("XDG_RUNTIME_DIR=" + runtime);
+    // The caller reads the target's /proc/PID/environ, which holds the new environment only once
+    // execve() has run: wait for that (the close-on-exec pipe reads end-of-file), as a user asks
+    // a process that has long been running.
+    int exec_seen[2];
+    ASSERT_EQ(pipe2(exec_seen, O_CLOEXEC), 0);
     pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
+      close(exec_seen[0]);
       std::vector<char*> envp;
       for (auto& e : env_strings) envp.push_back(e.data());
       envp.push_back(nullptr);
@@ -259,6 +267,11 @@ TEST(SnapshotRequests, ThePolledDirectoryIsTheTargetsNotTheCallers) {
       execve("/proc/self/exe", argv, envp.data());
       _exit(127);
     }
+    close(exec_seen[1]);
+    char byte;
+    while (read(exec_seen[0], &byte, 1) < 0 && errno == EINTR) {
+    }
+    close(exec_seen[0]);
     // The caller: the other way round.
     if (target_has_xdg)
       unsetenv("XDG_RUNTIME_DIR");
