@@ -11,6 +11,17 @@ std::vector<CommandSpec>& registry() {
   static std::vector<CommandSpec> commands;
   return commands;
 }
+namespace {
+// Prints "gpustitch SUB: WHAT" for an option value the parser refused; returns kUsage.
+int usage_error(const CLI::App& app, const CLI::ParseError& e) {
+  std::string name;
+  for (const CLI::App* sub : app.get_subcommands())  // the subcommands given on the line
+    name = sub->get_name();
+  std::cerr << "gpustitch" << (name.empty() ? "" : " " + name) << ": " << terminal_text(e.what())
+            << "\n";
+  return kUsage;
+}
+}  // namespace
 }  // namespace gpustitch::cli
 
 int main(int argc, char** argv) {
@@ -30,6 +41,12 @@ int main(int argc, char** argv) {
   }
   try {
     app.parse(argc, argv);
+  } catch (const CLI::ValidationError& e) {
+    // A value the command cannot use (number_checks.h): one line naming the command and the
+    // option, as the errors a command finds itself, and nothing else (a script reads one line).
+    return usage_error(app, e);
+  } catch (const CLI::ConversionError& e) {
+    return usage_error(app, e);
   } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);
     return rc == 0 ? kOk : kUsage;
