@@ -16,9 +16,10 @@
 // also run from an atexit hook and from a SIGTERM handler that then chains to the handler that
 // was installed before. A full ring is drained by the producer itself, so nothing is dropped
 // while the file is writable; a producer waits for another drainer only while it makes
-// progress (at most 100 ms without a written batch), and then drops (and counts) its record. Only a regular file is traced (a FIFO or device could
-// block the program); an unusable path or a failed write (disk full) is reported once on stderr;
-// tracing then stops and the program carries on.
+// progress (at most 100 ms without a written batch), and then drops (and counts) its record.
+// Only a regular file is traced (a FIFO or device could block the program); an unusable path or a
+// failed write (disk full) is reported once on stderr; tracing then stops and the program carries
+// on.
 #pragma once
 
 #include <atomic>
