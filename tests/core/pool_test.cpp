@@ -85,7 +85,7 @@ TEST(Pool, FreshLargeAllocationIsAtMost64HandlesAndOneSetAccess) {
 
 // A live block pins the free rest of every handle it touches, so fresh memory never comes in
 // handles above max_handle_mb (20 MiB by default), however large the request; without the cap
-// a gap is at most fresh_handles (64) handles.
+// a gap is at most fresh_handles (4) handles.
 TEST(Pool, FreshHandlesAreAtMostMaxHandleMb) {
   TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend's call counters";
@@ -93,7 +93,7 @@ TEST(Pool, FreshHandlesAreAtMostMaxHandleMb) {
     const char* conf;
     std::size_t creates;
   };
-  for (Case c : {Case{"", 103}, Case{"max_handle_mb:0", 64}, Case{"max_handle_mb:256", 64},
+  for (Case c : {Case{"", 103}, Case{"max_handle_mb:0", 4}, Case{"max_handle_mb:256", 8},
                  Case{"max_handle_mb:16", 128}, Case{"fresh_handles:16,max_handle_mb:0", 16}}) {
     ConfigResult r = parse_config(c.conf, inline_config());
     ASSERT_TRUE(r.errors.empty()) << c.conf;
