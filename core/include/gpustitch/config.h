@@ -36,11 +36,13 @@ struct Config {
   // of segment_mb, or of 1/fresh_handles of the range it backs when that is larger (0: no limit),
   // but none larger than max_handle_mb (0: no limit), as expandable segments' 20 MiB pages: a
   // live block pins the free rest of every handle it touches.
-  // The default of 4 handles per range: replayed against an H200's driver costs
-  // (tools/replay/driver_cost.h), 64 handles spent 5-8x expandable segments' time in driver calls
-  // on the training traces for 1-2% less memory; with 4, 1.2-1.6x.
+  // The default, 1: fresh memory comes in handles of max_handle_mb (20 MiB, expandable segments'
+  // page), the last one smaller. On the H200 (tools/gpu/memory_compare.sh, three rounds) that ran
+  // GPT and HF Llama training 9% and 15% faster than expandable segments, where 4 handles per
+  // range ran 2% slower and 64 (the old default) 2-20% slower, for 0.2-1% less memory than 1.
+  // In replay, 64 handles spent 5-8x expandable segments' time in driver calls.
   std::size_t segment_size = 2 * MiB;  // segment_mb
-  unsigned fresh_handles = 4;          // fresh_handles
+  unsigned fresh_handles = 1;          // fresh_handles
   std::size_t max_handle = 20 * MiB;   // max_handle_mb
   // Frees wait for device work on a background thread (thread), or only when an allocation
   // needs their memory (inline: deterministic, for tests and replay).
