@@ -199,7 +199,12 @@ class ProgramVmm : public ::testing::Test {
     void* p = nullptr;  // starts the pool (and its statistics record)
     ASSERT_EQ(cudaMalloc(&p, 1 * MiB), kSuccess);
     ASSERT_EQ(cudaFree(p), kSuccess);
-    ASSERT_TRUE(recorded(0).has_value()) << "no statistics record for this process";
+    bool published = false;  // the publisher thread's first snapshot
+    for (int i = 0; i < 300 && !published; ++i) {
+      published = recorded(1).has_value();
+      if (!published) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_TRUE(published) << "no statistics record for this process";
   }
 };
 

@@ -658,7 +658,8 @@ struct Physical {
   int fd;
   std::size_t size;
   int device;
-  int refs;  // cuMemCreate and each cuMemRetainAllocationHandle
+  int refs;  // cuMemCreate and each cuMemRetainAllocationHandle, minus cuMemRelease
+  int maps;  // mappings of it; the memory lives while either count is non-zero
 };
 struct Mapping {
   std::size_t size;
@@ -717,29 +718,31 @@ API CUresult cuMemCreate(std::uint64_t* handle, std::size_t size, const void* pr
   }
   std::lock_guard g(vmm().mu);
   std::uint64_t h = vmm().next_handle++;
-  vmm().handles[h] = Physical{fd, size, head.location_id, 1};
+  vmm().handles[h] = Physical{fd, size, head.location_id, 1, 0};
   *handle = h;
   return kOk;
 }
-static CUresult drop_ref(std::uint64_t handle) {
-  auto& v = vmm();
-  auto it = v.handles.find(handle);
-  if (it == v.handles.end()) return kInvalidValue;
-  if (--it->second.refs == 0) {
-    close(it->second.fd);  // mappings keep the memory alive, as in CUDA
+// Frees the memory once nothing references or maps it (vmm().mu held).
+static void free_if_unused(std::map<std::uint64_t, Physical>::iterator it) {
+  if (it->second.refs == 0 && it->second.maps == 0) {
+    close(it->second.fd);
     {
       std::lock_guard g(drv().mu);
       drv().used[it->second.device] -= it->second.size;
     }
-    v.handles.erase(it);
+    vmm().handles.erase(it);
   }
-  return kOk;
 }
 API CUresult cuMemRelease(std::uint64_t handle) {
   count("cuMemRelease");
   note_args("cuMemRelease", handle);
-  std::lock_guard g(vmm().mu);
-  return drop_ref(handle);
+  auto& v = vmm();
+  std::lock_guard g(v.mu);
+  auto it = v.handles.find(handle);
+  if (it == v.handles.end() || it->second.refs == 0) return kInvalidValue;
+  --it->second.refs;
+  free_if_unused(it);
+  return kOk;
 }
 API CUresult cuMemRetainAllocationHandle(std::uint64_t* handle, void* addr) {
   count("cuMemRetainAllocationHandle");
@@ -754,7 +757,7 @@ API CUresult cuMemRetainAllocationHandle(std::uint64_t* handle, void* addr) {
   --it;
   if (p >= it->first + it->second.size) return kInvalidValue;
   auto h = v.handles.find(it->second.handle);
-  if (h == v.handles.end()) return kInvalidValue;  // released: the driver cannot hand it out again
+  if (h == v.handles.end()) return kInvalidValue;
   ++h->second.refs;
   *handle = it->second.handle;
   return kOk;
@@ -806,7 +809,7 @@ API CUresult cuMemMap(CUdeviceptr ptr, std::size_t size, std::size_t offset, std
   auto& v = vmm();
   std::lock_guard g(v.mu);
   auto h = v.handles.find(handle);
-  if (h == v.handles.end()) return kInvalidHandle;
+  if (h == v.handles.end() || h->second.refs == 0) return kInvalidHandle;
   if (offset > h->second.size || size > h->second.size - offset) return kInvalidValue;
   if (!in_reservation(v, ptr, size)) return kInvalidValue;
   auto next = v.mapped.lower_bound(ptr);
@@ -819,6 +822,7 @@ API CUresult cuMemMap(CUdeviceptr ptr, std::size_t size, std::size_t offset, std
                  h->second.fd, static_cast<off_t>(offset));
   if (m == MAP_FAILED) return kOom;
   v.mapped[ptr] = Mapping{size, handle};
+  ++h->second.maps;
   return kOk;
 }
 API CUresult cuMemUnmap(CUdeviceptr ptr, std::size_t size) {
@@ -834,6 +838,13 @@ API CUresult cuMemUnmap(CUdeviceptr ptr, std::size_t size) {
     end += m->second.size;
   }
   if (end != ptr + size) return kInvalidValue;
+  for (auto m = it; m != v.mapped.end() && m->first < ptr + size; ++m) {
+    auto h = v.handles.find(m->second.handle);
+    if (h != v.handles.end()) {
+      --h->second.maps;
+      free_if_unused(h);
+    }
+  }
   v.mapped.erase(it, v.mapped.lower_bound(ptr + size));
   mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE,
        MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
