@@ -444,7 +444,7 @@ Fetched fetch_table(const SourceOptions& opts, std::vector<std::vector<std::stri
         for (const auto& d : snap.devices)
           line.devices.push_back({static_cast<std::uint64_t>(std::max<std::int64_t>(0, d.ordinal)),
                                   d.bytes_allocated, d.bytes_reserved, d.largest_free_block,
-                                  d.stitches, d.ooms, d.fragmentation()});
+                                  d.stitches, d.ooms, d.fragmentation(), d.program_held_bytes});
         append_rows(line, rows);
         ++*processes;
       });
