@@ -20,6 +20,7 @@
 #include "gpustitch/sites/site_sampler.h"
 #include "gpustitch/trace/snapshot.h"
 #include "gpustitch/trace/trace_writer.h"
+#include "program_memory.h"
 
 namespace gpustitch::preload {
 namespace {
@@ -120,7 +121,10 @@ void add_configured_observers(const Config& config, Pool& pool, ObserverFanout& 
     shm::PublisherOptions options;
     options.prefix = record_prefix(log);
     options.on_tick = on_publisher_tick;
-    options.augment = fill_coop_counters;
+    options.augment = [](int device, shm::DeviceCounters& counters) {
+      fill_coop_counters(device, counters);
+      fill_program_counters(device, counters);
+    };
     auto publisher = std::make_unique<shm::StatsPublisher>(pool, config, std::move(options));
     if (!publisher->active()) {
       log.debug("statistics not published: {}", publisher->error());

@@ -55,10 +55,13 @@ json device_to_json(const DeviceCounters& d, JsonDetail detail) {
     j["ooms"] = d.ooms;
     j["device_free"] = d.device_free;
     j["device_total"] = d.device_total;
+    j["program_held_bytes"] = d.program_held_bytes;
+    j["program_mapped_bytes"] = d.program_mapped_bytes;
   } else {
 #define GPUSTITCH_SHM_JSON(name) j[#name] = d.name;
     GPUSTITCH_SHM_DEVICE_COUNTERS(GPUSTITCH_SHM_JSON)
     GPUSTITCH_SHM_COOP_COUNTERS(GPUSTITCH_SHM_JSON)
+    GPUSTITCH_SHM_PROGRAM_COUNTERS(GPUSTITCH_SHM_JSON)
 #undef GPUSTITCH_SHM_JSON
   }
   j["fragmentation"] = d.fragmentation();
@@ -94,6 +97,8 @@ json identity_to_json(const ProcessIdentity& id, JsonDetail detail) {
          {"user", user_name(id.uid)},
          {"exe", id.exe},
          {"command", id.cmdline}};
+  // Counters newer than this layout (program_* before 3) are absent from the record, not zero.
+  j["layout_version"] = id.layout_version;
   if (detail != JsonDetail::summary) {
     j["start_time"] = id.start_time;
     j["created_ns"] = id.created_ns;

@@ -245,7 +245,7 @@ void print_json(const json& j) {
   std::cout << j.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
 }
 
-const std::vector<bool> kProcessRowAlign = {true, false, true, true, true,
+const std::vector<bool> kProcessRowAlign = {true, false, true, true, true, true,
                                             true, true,  true, true, false};
 
 namespace {
@@ -254,6 +254,8 @@ namespace {
 struct DeviceLine {
   std::uint64_t device = 0, allocated = 0, reserved = 0, largest_free = 0, stitches = 0, ooms = 0;
   double fragmentation = 0;
+  // Memory the program maps itself (cuMemCreate/cuMemMap), which the pool does not serve.
+  std::uint64_t program = 0;
 };
 struct ProcessLine {
   std::uint64_t pid = 0;
@@ -262,7 +264,7 @@ struct ProcessLine {
 };
 
 std::vector<std::string> header_row() {
-  return {"PID",  "USER",         "DEV",      "ALLOCATED", "RESERVED",
+  return {"PID",  "USER",         "DEV",      "ALLOCATED", "RESERVED", "PROGRAM-MAPPED",
           "FRAG", "LARGEST FREE", "STITCHES", "OOMS",      "COMMAND"};
 }
 
@@ -270,13 +272,14 @@ void append_rows(const ProcessLine& p, std::vector<std::vector<std::string>>* ro
   std::string pid = std::to_string(p.pid);
   const std::string& cmd = p.command.empty() ? p.exe : p.command;
   if (p.devices.empty()) {
-    rows->push_back({pid, p.user, "-", "-", "-", "-", "-", "-", "-", cmd});
+    rows->push_back({pid, p.user, "-", "-", "-", "-", "-", "-", "-", "-", cmd});
     return;
   }
   for (const auto& d : p.devices)
     rows->push_back({pid, p.user, std::to_string(d.device), human_bytes(d.allocated),
-                     human_bytes(d.reserved), percent(d.fragmentation), human_bytes(d.largest_free),
-                     std::to_string(d.stitches), std::to_string(d.ooms), cmd});
+                     human_bytes(d.reserved), human_bytes(d.program), percent(d.fragmentation),
+                     human_bytes(d.largest_free), std::to_string(d.stitches),
+                     std::to_string(d.ooms), cmd});
 }
 
 // Reads the daemon's list answer ({"ok":..,"error":..,"processes":[{..,"devices":[{..}]}]}) as a
@@ -359,6 +362,7 @@ class TableReader final : public nlohmann::json_sax<json> {
     if (key_ == "largest_free_block") d.largest_free = u;
     if (key_ == "stitches") d.stitches = u;
     if (key_ == "ooms") d.ooms = u;
+    if (key_ == "program_held_bytes") d.program = u;
     if (key_ == "fragmentation") d.fragmentation = f;
     return true;
   }
@@ -384,7 +388,7 @@ std::vector<std::vector<std::string>> process_rows(const json& processes, bool h
     for (const auto& d : items(p, "devices"))
       line.devices.push_back({u64(d, "device"), u64(d, "bytes_allocated"), u64(d, "bytes_reserved"),
                               u64(d, "largest_free_block"), u64(d, "stitches"), u64(d, "ooms"),
-                              f64(d, "fragmentation")});
+                              f64(d, "fragmentation"), u64(d, "program_held_bytes")});
     append_rows(line, &rows);
   }
   return rows;
@@ -440,7 +444,7 @@ Fetched fetch_table(const SourceOptions& opts, std::vector<std::vector<std::stri
         for (const auto& d : snap.devices)
           line.devices.push_back({static_cast<std::uint64_t>(std::max<std::int64_t>(0, d.ordinal)),
                                   d.bytes_allocated, d.bytes_reserved, d.largest_free_block,
-                                  d.stitches, d.ooms, d.fragmentation()});
+                                  d.stitches, d.ooms, d.fragmentation(), d.program_held_bytes});
         append_rows(line, rows);
         ++*processes;
       });

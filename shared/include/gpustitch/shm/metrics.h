@@ -47,6 +47,13 @@ inline constexpr MetricSpec kMetrics[] = {
      "Driver-reported free device memory at the last publish.", &DeviceCounters::device_free},
     {"gpustitch_device_total_bytes", MetricKind::gauge, "Driver-reported total device memory.",
      &DeviceCounters::device_total},
+    {"gpustitch_program_mapped_bytes", MetricKind::gauge,
+     "Device memory the program maps itself (cuMemCreate/cuMemMap, not served by the pool): "
+     "physical bytes it holds.",
+     &DeviceCounters::program_held_bytes},
+    {"gpustitch_program_handles", MetricKind::gauge,
+     "Physical memory handles the program created itself and has not released.",
+     &DeviceCounters::program_handles},
     {kProcessesMetric, MetricKind::gauge, "Processes publishing gpustitch statistics.", nullptr},
     {"gpustitch_allocations_total", MetricKind::counter, "Allocations served.",
      &DeviceCounters::allocs},
