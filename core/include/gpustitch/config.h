@@ -70,6 +70,9 @@ struct Config {
   unsigned publish_interval_ms = 100;  // publish_interval_ms
   std::size_t sites_min_size = 0;      // sites_min_mb: capture stacks at/above (0=off)
   unsigned sites_sample = 0;           // sites_sample: capture 1 in K (0=off)
+  // Recent allocation events kept in memory for the timeline of snapshots (memory_viz's
+  // device_traces), 64 bytes each, preallocated. 0 = off.
+  std::size_t trace_events = 10000;  // trace_events:N
   // Cooperative release between processes sharing a GPU (docs/coop.md): give idle cached memory
   // to a neighbour about to run out, and ask neighbours before reporting out-of-memory.
   bool coop = true;            // coop:on|off (off: neither gives nor asks)
