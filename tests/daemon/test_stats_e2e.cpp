@@ -351,14 +351,19 @@ TEST_F(StatsEndToEnd, ProcessesAreGroupedByGpuWhateverTheirDeviceOrdinal) {
     pids.push_back(producer({"0:" + std::to_string((i + 1) * 2048)}, -1, -1,
                             "sim_devices:1,sim_shared:" + names[on_gpu[i]])
                        .pid);
+  // The simulated GPUs' UUIDs, as the processes report them (from their first publish on that
+  // device on); the driver lists them in bus order.
+  std::map<pid_t, std::string> uuid_of;
   ASSERT_TRUE(eventually([&] {
     auto a = query({{"cmd", "list"}});
-    return a && (*a)["processes"].size() == 4u;
+    if (!a || (*a)["processes"].size() != 4u) return false;
+    uuid_of.clear();
+    for (const auto& p : (*a)["processes"]) {
+      if (p["devices"].empty() || p["devices"][0]["uuid"] == "") return false;
+      uuid_of[p["pid"].get<pid_t>()] = p["devices"][0]["uuid"].get<std::string>();
+    }
+    return true;
   }));
-  // The simulated GPUs' UUIDs, as the processes report them; the driver lists them in bus order.
-  std::map<pid_t, std::string> uuid_of;
-  for (const auto& p : (*query({{"cmd", "list"}}))["processes"])
-    uuid_of[p["pid"].get<pid_t>()] = p["devices"][0]["uuid"].get<std::string>();
   EXPECT_EQ(uuid_of[pids[1]], uuid_of[pids[3]]);
   EXPECT_NE(uuid_of[pids[0]], uuid_of[pids[1]]);
   EXPECT_NE(uuid_of[pids[1]], uuid_of[pids[2]]);
