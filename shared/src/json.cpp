@@ -107,6 +107,21 @@ json identity_to_json(const ProcessIdentity& id, JsonDetail detail) {
   return j;
 }
 
+void add_gpu_fields(json& process, const GpuInventory& gpus) {
+  if (!process.is_object() || !process.contains("devices") || !process["devices"].is_array())
+    return;
+  for (auto& d : process["devices"]) {
+    if (!d.is_object() || !d.contains("uuid") || !d["uuid"].is_string()) continue;
+    std::array<std::uint8_t, kUuidBytes> uuid;
+    if (!parse_uuid_text(d["uuid"].get<std::string>(), &uuid)) continue;
+    const GpuInfo* g = gpus.find(uuid);
+    if (!g) continue;
+    d["gpu"] = g->index;
+    d["gpu_name"] = g->name;
+    d["pci_bus_id"] = g->bus_id;
+  }
+}
+
 namespace {
 json process_json(const RecordReader& reader, const SnapshotCopy& snap, JsonDetail detail) {
   json j = identity_to_json(reader.identity(), detail);
