@@ -131,6 +131,7 @@ class LargeHeap {
   std::vector<Handle*> candidates_;  // scratch, capacity kept
   std::vector<Handle*> chosen_;      // scratch, capacity kept
   std::size_t handles_released_ = 0;
+  std::size_t device_handle_cap_ = SIZE_MAX;  // 1/1024 of the device (init)
 };
 
 }  // namespace gpustitch::detail

@@ -87,13 +87,14 @@ TEST(Pool, FreshLargeAllocationIsAtMost64HandlesAndOneSetAccess) {
 // handles above max_handle_mb (20 MiB by default), however large the request; without the cap
 // a gap is at most fresh_handles (1) handles.
 TEST(Pool, FreshHandlesAreAtMostMaxHandleMb) {
-  TestDevice dev = make_test_device();
+  // A device large enough that its own cap (1/1024 of it, below) is above every case's.
+  TestDevice dev = make_test_device({.capacity = 1024 * GiB});
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend's call counters";
   struct Case {
     const char* conf;
     std::size_t creates;
   };
-  for (Case c : {Case{"", 103}, Case{"max_handle_mb:0", 1}, Case{"max_handle_mb:256", 8},
+  for (Case c : {Case{"", 103}, Case{"max_handle_mb:0", 2}, Case{"max_handle_mb:256", 8},
                  Case{"max_handle_mb:16", 128}, Case{"fresh_handles:16,max_handle_mb:0", 16}}) {
     ConfigResult r = parse_config(c.conf, inline_config());
     ASSERT_TRUE(r.errors.empty()) << c.conf;
@@ -154,6 +155,21 @@ TEST(Pool, BlocksFreedOnOneStreamMergeForThatStreamAtOnce) {
   ASSERT_EQ(pool.deallocate(keep, s), Status::ok);
   pool.drain_pending(0);
   EXPECT_EQ(pool.validate(0), "");
+}
+
+// On a small device handles are smaller still: at most 1/1024 of the device (4 MiB of 4 GiB), so
+// that what live blocks pin in the handles they touch stays a small part of the device.
+TEST(Pool, FreshHandlesAreAtMostAThousandthOfTheDevice) {
+  TestDevice dev = make_test_device({.capacity = 4 * GiB});
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend's call counters";
+  Pool pool(*dev.backend, inline_config());
+  const auto creates = dev.sim->calls(SimOp::create);
+  DevPtr p = 0;
+  ASSERT_EQ(pool.allocate(0, 1 * GiB, kAnyStream, &p), Status::ok);
+  EXPECT_EQ(dev.sim->calls(SimOp::create) - creates, 256u);
+  stamp(dev, p, 1 * GiB, 3);
+  EXPECT_TRUE(check(dev, p, 1 * GiB, 3));
+  ASSERT_EQ(pool.deallocate(p), Status::ok);
 }
 
 TEST(Pool, FreedBlockIsReusedFromCacheAfterFence) {
