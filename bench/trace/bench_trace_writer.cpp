@@ -1,6 +1,7 @@
 // Cost of trace recording on the allocating thread (one allocate + one free event), with the
-// writer thread formatting and writing in the background, from 1 and 4 threads; and the cost of
-// one memory snapshot of a pool.
+// writer thread formatting and writing in the background, from 1 and 4 threads; the same pair
+// into the in-memory ring of recent events (trace_events, on by default); and the cost of one
+// memory snapshot of a pool.
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 
 #include "gpustitch/pool.h"
 #include "gpustitch/sim_backend.h"
+#include "gpustitch/trace/recent_events.h"
 #include "gpustitch/trace/snapshot.h"
 #include "gpustitch/trace/trace_writer.h"
 
@@ -39,6 +41,23 @@ void RecordPair(benchmark::State& state) {
   }
 }
 
+RecentEvents* g_ring = nullptr;
+
+// One allocate + one free event into the ring of recent events (its default 10,000 slots).
+void RecentEventsPair(benchmark::State& state) {
+  if (state.thread_index() == 0) g_ring = new RecentEvents(10000);
+  DevPtr p = 0x7f0000000000 + (static_cast<DevPtr>(state.thread_index()) << 36);
+  for (auto _ : state) {
+    g_ring->on_allocate(0, p, 4096, kAnyStream, ServedBy::cache);
+    g_ring->on_free(0, p, 4096, kAnyStream);
+    p += 4096;
+  }
+  if (state.thread_index() == 0) {
+    benchmark::DoNotOptimize(g_ring->read().size());
+    delete g_ring;
+  }
+}
+
 // What `gpustitch snapshot PID` costs the process, once per request, on the statistics thread:
 // the pool's memory map with state.range(0) live blocks (small and large) and the PyTorch
 // structure built from it. Nothing of it runs on the allocation path.
@@ -64,5 +83,6 @@ void SnapshotOfPool(benchmark::State& state) {
 }  // namespace
 
 BENCHMARK(RecordPair)->Threads(1)->Threads(4)->UseRealTime();
+BENCHMARK(RecentEventsPair)->Threads(1)->Threads(4)->UseRealTime();
 BENCHMARK(SnapshotOfPool)->Arg(10000)->Unit(benchmark::kMillisecond);
 BENCHMARK_MAIN();

@@ -157,6 +157,12 @@ const std::vector<KeySpec>& key_specs() {
          if (v.empty()) return false;
          return c.trace_path = std::string(v), true;
        }},
+      {"trace_events", "a count of events between 0 (off) and 10000000",
+       [](std::string_view v, Config& c) {
+         std::uint64_t n;
+         if (!parse_u64(v, &n) || n > 10000000) return false;
+         return c.trace_events = static_cast<std::size_t>(n), true;
+       }},
       {"log_level", "trace, debug, info, warn, error or off",
        [](std::string_view v, Config& c) {
          for (std::string_view l : {"trace", "debug", "info", "warn", "error", "off"}) {

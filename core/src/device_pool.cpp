@@ -199,6 +199,15 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
     *out = b;
     return true;
   };
+  // With cudaFree semantics, memory waiting for its fence is fenced before best fit when fencing
+  // is cheap (the last fence found the device idle; native cudaFree waits for the device anyway):
+  // best fit then sees every freed block, merged with its neighbours. Fenced only after a miss,
+  // the training traces replayed to 1-4% more reserved memory and more misses, as requests went
+  // to other free blocks while the best one waited.
+  if (!grow && stream == kAnyStream && fq_head_ != nullptr &&
+      fence_is_cheap(last_fence_ns_.load(std::memory_order_relaxed))) {
+    fence_locked();
+  }
   if (cached()) return Status::ok;
   // The three steps below fence rather than grow. A request that comes to grow
   // (grow_rather_than_fence) skips them, and fences only if the device has no memory left.

@@ -140,7 +140,10 @@ class DevicePool final {
   std::size_t unpark_to_device(Arena& a, Stream stream, std::size_t rounded) noexcept;
   void park(Arena& a, Block* b) noexcept;     // a's lock held
   void to_device_pending(Block* b) noexcept;  // device lock and b's arena lock (if any) held
-  bool drain_large_caches() noexcept;         // device lock NOT held; true if any moved
+  // b, pending on its stream, absorbs its neighbours pending on the same stream (out of `set`
+  // and the fence queue); returns the merged block, in neither.
+  Block* merge_stream_pending(FreeSet& set, Block* b) noexcept;
+  bool drain_large_caches() noexcept;  // device lock NOT held; true if any moved
   std::uint64_t parked_bytes() const noexcept;
   void promote_arenas(std::uint64_t epoch) noexcept;            // device lock NOT held
   void release_arena_chunks(bool drop_stream_caches) noexcept;  // device lock NOT held

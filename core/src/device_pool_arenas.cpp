@@ -229,15 +229,47 @@ void DevicePool::park(Arena& a, Block* b) noexcept {
 void DevicePool::to_device_pending(Block* b) noexcept {
   b->arena_owned = false;
   b->state = BlockState::pending;
-  fq_push(b);
   stats_.bytes_pending += b->size;
-  if (b->stream == kAnyStream) return;
+  if (b->stream == kAnyStream) {
+    fq_push(b);
+    return;
+  }
   // A stream's first pending block makes its set (one map node; the sets are intrusive). Without
   // host memory for it the block waits for its fence like a cudaFree-semantics one.
+  FreeSet* set = nullptr;
   try {
-    stream_free_[b->stream].insert(*b);
+    set = &stream_free_[b->stream];
   } catch (...) {
   }
+  if (set != nullptr) b = merge_stream_pending(*set, b);
+  fq_push(b);
+  if (set != nullptr) set->insert(*b);
+}
+
+Block* DevicePool::merge_stream_pending(FreeSet& set, Block* b) noexcept {
+  // Blocks freed on one stream merge as soon as they are freed, as PyTorch's blocks of one stream
+  // do: the stream may reuse all of them at once, so the merged block is as reusable as its
+  // parts, and a request larger than any one of them is served without a miss. (Left apart until
+  // their fence, the training traces replayed on stream order reserved 3-14% more, and missed
+  // into the heap more often.) The merged block waits for the later fence of the two.
+  auto same_stream = [&](const Block* n) {
+    return n != nullptr && n->state == BlockState::pending && n->stream == b->stream &&
+           n->free_hook.is_linked();
+  };
+  if (Block* p = b->prev; same_stream(p)) {
+    set.erase(set.iterator_to(*p));
+    fq_remove(p);
+    p->epoch = std::max(p->epoch, b->epoch);
+    heap_.absorb_next(p);
+    b = p;
+  }
+  if (Block* n = b->next; same_stream(n)) {
+    set.erase(set.iterator_to(*n));
+    fq_remove(n);
+    b->epoch = std::max(b->epoch, n->epoch);
+    heap_.absorb_next(b);
+  }
+  return b;
 }
 
 bool DevicePool::drain_large_caches() noexcept {

@@ -59,8 +59,9 @@ namespace {
 // handles and the pool gave its cache back instead (SeedsScenario in tests/core/pool_test.cpp);
 // alloc_latency's 2 GiB among 1,024 holes of 2 MiB is past this bound (the pool trims and creates
 // it afresh: 155 ms on the H200). A bound of 4,096 would gather them, but in replay it moved
-// handles from more places and left hf_llama_train's layout more scattered (1.094x of demand against 1.082x at
-// 140 GiB; its smallest device 13.06 GiB against 12.94), so the bound stays at 1,024.
+// handles from more places and left hf_llama_train's layout more scattered (1.094x of demand
+// against 1.082x at 140 GiB; its smallest device 13.06 GiB against 12.94), so the bound stays at
+// 1,024.
 constexpr std::size_t kMaxScanBlocks = 1024;
 constexpr std::size_t kMaxCandidates = 1024;  // idle handles considered per miss
 
@@ -79,6 +80,12 @@ LargeHeap::LargeHeap(Backend& backend, int device, const Options& options) noexc
 }
 
 Status LargeHeap::init(std::size_t device_total) noexcept {
+  // Handles of at most 1/1024 of the device: what a live block can pin in the handles it
+  // touches stays a small part of the device, whatever its size. On an H200 (141 GB) that is
+  // above the 20 MiB cap; on a 2 GiB device it is 2 MiB handles (in replay of
+  // transformer_dynseq at 1.90 GiB, 20 MiB handles pinned enough to fail a request that fit).
+  const std::size_t g = options_.granularity;
+  device_handle_cap_ = std::max(g, device_total / 1024 / g * g);
   std::size_t size = options_.span_size;
   if (size == 0) size = std::max<std::size_t>(2 * device_total, 4 * GiB);
   // A smaller reservation where the driver (or the host, for the simulated device) refuses this.
@@ -223,8 +230,8 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
   // Handles of at least min_handle, at most max_handle, and as few as max_fresh_handles allow.
   const std::size_t per_gap = std::max<std::size_t>(options_.max_fresh_handles, 1);
   const std::size_t smallest = std::max(align_up(options_.min_handle, g), g);
-  const std::size_t max_handle = std::max(
-      smallest, std::min(align_up(fresh / per_gap, g), align_down(options_.max_handle, g)));
+  const std::size_t cap = std::min(align_down(options_.max_handle, g), device_handle_cap_);
+  const std::size_t max_handle = std::max(smallest, std::min(align_up(fresh / per_gap, g), cap));
   const std::size_t fresh_count = (fresh + max_handle - 1) / max_handle;
   // Nodes for every split below (the window's, two per moved handle, two per handle a failed
   // rollback may leave mapped), so that no step fails half-way for want of host memory.

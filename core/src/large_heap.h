@@ -65,6 +65,8 @@ class LargeHeap {
   std::size_t largest_free() const noexcept { return free_.empty() ? 0 : free_.rbegin()->size; }
   // b keeps [0,size), the rest is returned (b's state); nullptr: no host memory, nothing changed.
   Block* split(Block* b, std::size_t size) noexcept { return space_.split(b, size); }
+  // b absorbs its next neighbour (in no free set; the caller took it out of its own sets).
+  void absorb_next(Block* b) noexcept { space_.absorb_next(b); }
   // b becomes free: merged with free neighbours and indexed by size.
   void make_free(Block* b) noexcept;
 
@@ -129,6 +131,7 @@ class LargeHeap {
   std::vector<Handle*> candidates_;  // scratch, capacity kept
   std::vector<Handle*> chosen_;      // scratch, capacity kept
   std::size_t handles_released_ = 0;
+  std::size_t device_handle_cap_ = SIZE_MAX;  // 1/1024 of the device (init)
 };
 
 }  // namespace gpustitch::detail

@@ -45,15 +45,19 @@ std::uint32_t SmallPool::class_index(std::size_t size) const {
 
 SmallPool::StreamCache& SmallPool::cache_of(Stream stream) {
   if (stream == last_stream_) return *last_cache_;
-  StreamCache& caches = stream_caches_[stream];  // node-based: the address stays valid
-  if (caches.empty()) {
-    caches.resize(classes_.size());
+  auto it = stream_caches_.find(stream);
+  if (it == stream_caches_.end()) {
+    // Built whole before it is inserted: a stream's cache exists with every class or not at
+    // all, also when host memory runs out half-way (a throw here leaves nothing behind).
+    StreamCache fresh(classes_.size());
     for (std::size_t i = 0; i < classes_.size(); ++i) {
       const std::size_t per_chunk = chunk_size_ / classes_[i].size;
-      caches[i].set_capacity(static_cast<std::uint32_t>(
+      fresh[i].set_capacity(static_cast<std::uint32_t>(
           std::clamp<std::size_t>(per_chunk / 8, kStreamCacheMin, kStreamCacheMax)));
     }
+    it = stream_caches_.emplace(stream, std::move(fresh)).first;  // node-based: address stable
   }
+  StreamCache& caches = it->second;
   last_stream_ = stream;
   last_cache_ = &caches;
   return caches;
@@ -150,12 +154,14 @@ SmallAlloc SmallPool::allocate_slot(std::size_t size, Stream stream, ChunkSource
     promote(UINT64_MAX, source);
     fenced = true;
   }
+  Chunk* c = nullptr;
   if (sc.partial.empty()) {
-    Chunk* fresh = new_chunk(cls, source, &from_new);
-    if (fresh == nullptr) return {};
-    add_partial(fresh);
+    c = new_chunk(cls, source, &from_new);
+    if (c == nullptr) return {};
+    add_partial(c);  // without host memory it is not listed; its other slots wait (add_partial)
+  } else {
+    c = sc.partial.back();
   }
-  Chunk* c = sc.partial.back();
   std::uint32_t slot = c->free_slots.back();
   c->free_slots.pop_back();
   if (c->free_slots.empty()) remove_partial(c);

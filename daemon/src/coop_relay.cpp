@@ -33,8 +33,8 @@ std::vector<CoopTarget> plan_release(const std::map<pid_t, TrackedProcess>& proc
     if (!p.have_snapshot || pid == exclude_pid) continue;
     if (exclude_uid && p.name().uid == *exclude_uid) continue;
     for (const auto& d : p.snapshot.devices) {
-      if (has_uuid(d, uuid) && d.bytes_cached > 0) {
-        out.push_back({pid, p.name().start_time, p.name().uid, d.bytes_cached});
+      if (has_uuid(d, uuid) && d.releasable_bytes() > 0) {
+        out.push_back({pid, p.name().start_time, p.name().uid, d.releasable_bytes()});
         break;
       }
     }

@@ -51,7 +51,9 @@ std::vector<std::string_view> daemon_config_keys() {
           "max_records",
           "max_records_per_uid",
           "max_devices",
-          "coop_floor_mb"};
+          "coop_floor_mb",
+          "hostname",
+          "nvidia_gpus_dir"};
 }
 
 DaemonConfigResult parse_daemon_config(std::string_view text, const DaemonConfig& base) {
@@ -157,6 +159,18 @@ DaemonConfigResult parse_daemon_config(std::string_view text, const DaemonConfig
         bad("coop_floor_mb: MiB, 0 = off");
       else
         c.coop_floor_mb = u;
+    } else if (key == "hostname") {
+      bool ok = value.size() <= 253;
+      for (char ch : value) ok &= ch > 0x20 && ch < 0x7f && ch != '"' && ch != '\\';
+      if (!ok)
+        bad("hostname: at most 253 printable characters, no quotes or spaces");
+      else
+        c.hostname = std::string(value);
+    } else if (key == "nvidia_gpus_dir") {
+      if (value.empty() || value.front() != '/')
+        bad("nvidia_gpus_dir: needs an absolute path");
+      else
+        c.nvidia_gpus_dir = std::string(value);
     } else {
       bad("unknown key '" + k + "'");
     }

@@ -33,6 +33,11 @@ struct DaemonConfig {
   // Cooperative release: when a GPU's free memory (from the records) falls below this, ask the
   // processes on it with idle cache to release some (docs/coop.md). 0 = off.
   unsigned coop_floor_mb = 0;  // coop_floor_mb
+  // hostname: the Prometheus label Hostname (dcgm-exporter's). "" = gethostname(). In a
+  // Kubernetes DaemonSet, the node's name (--set hostname=$(NODE_NAME)).
+  std::string hostname;
+  // nvidia_gpus_dir: where the driver lists the node's GPUs (tests point it at a fixture).
+  std::string nvidia_gpus_dir = "/proc/driver/nvidia/gpus";
 
   // Samples kept per process and device.
   std::size_t history_capacity() const {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "daemon_config.h"
+#include "gpustitch/shm/gpu_inventory.h"
 
 namespace gpustitch::daemon {
 namespace {
@@ -26,35 +27,11 @@ std::uint64_t now_ns() {
   return std::uint64_t(ts.tv_sec) * 1000000000ull + std::uint64_t(ts.tv_nsec);
 }
 
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r'))
-    s.remove_suffix(1);
-  return s;
-}
-
 }  // namespace
 
 std::optional<Uuid> parse_uuid(std::string_view text) {
-  if (text.rfind("GPU-", 0) == 0) text.remove_prefix(4);
   Uuid u{};
-  std::size_t n = 0;
-  int half = -1;
-  for (char c : text) {
-    if (c == '-') continue;
-    int v = c >= '0' && c <= '9'   ? c - '0'
-            : c >= 'a' && c <= 'f' ? c - 'a' + 10
-            : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                   : -1;
-    if (v < 0 || n >= u.size()) return std::nullopt;
-    if (half < 0) {
-      half = v;
-    } else {
-      u[n++] = static_cast<std::uint8_t>(half * 16 + v);
-      half = -1;
-    }
-  }
-  if (n != u.size() || half >= 0) return std::nullopt;
+  if (!shm::parse_uuid_text(text, &u)) return std::nullopt;
   return u;
 }
 
@@ -147,34 +124,9 @@ void DriverMembership::refresh_minors(std::uint64_t now) {
   if (minors_ns_ != 0 && now - minors_ns_ < kMinorsTtlNs) return;
   minors_ns_ = now;
   minors_.clear();
-  DIR* dir = ::opendir(paths_.gpus_dir.c_str());
-  if (!dir) return;
-  while (dirent* e = ::readdir(dir)) {
-    if (e->d_name[0] == '.') continue;
-    std::string text, why;
-    if (!read_bounded_file(paths_.gpus_dir + "/" + e->d_name + "/information", 64 << 10, &text,
-                           &why))
-      continue;
-    std::optional<unsigned> minor;
-    std::optional<Uuid> uuid;
-    std::string_view rest(text);
-    while (!rest.empty()) {
-      std::size_t nl = rest.find('\n');
-      std::string_view line = rest.substr(0, nl);
-      rest = nl == std::string_view::npos ? std::string_view{} : rest.substr(nl + 1);
-      std::size_t colon = line.find(':');
-      if (colon == std::string_view::npos) continue;
-      std::string_view key = trim(line.substr(0, colon)), value = trim(line.substr(colon + 1));
-      if (key == "Device Minor") {
-        unsigned m = 0;
-        if (std::sscanf(std::string(value).c_str(), "%u", &m) == 1) minor = m;
-      } else if (key == "GPU UUID") {
-        uuid = parse_uuid(value);
-      }
-    }
-    if (minor && uuid) minors_[*uuid] = *minor;
-  }
-  ::closedir(dir);
+  const shm::GpuInventory gpus = shm::GpuInventory::read(paths_.gpus_dir);
+  for (const auto& g : gpus.gpus())
+    if (g.minor >= 0) minors_[g.uuid] = static_cast<unsigned>(g.minor);
 }
 
 std::optional<bool> DriverMembership::on_gpu(pid_t pid, const Uuid& uuid) {

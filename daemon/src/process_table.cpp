@@ -86,17 +86,6 @@ std::vector<HistoryPoint> History::points(std::uint64_t since_ns) const {
   return out;
 }
 
-// GPUs the NVIDIA driver lists (one directory per GPU), 0 where there is no driver.
-std::size_t driver_gpu_count() {
-  std::size_t n = 0;
-  if (DIR* dir = ::opendir("/proc/driver/nvidia/gpus")) {
-    while (dirent* e = ::readdir(dir))
-      if (e->d_name[0] != '.') ++n;
-    ::closedir(dir);
-  }
-  return n;
-}
-
 ProcessTable::ProcessTable(DaemonConfig config) : config_(std::move(config)) {
   reconfigure(config_);
 }
@@ -105,7 +94,8 @@ void ProcessTable::reconfigure(const DaemonConfig& config) {
   bool capacity_changed = config.history_capacity() != config_.history_capacity();
   bool prefix_changed = config.record_prefix != config_.record_prefix;
   config_ = config;
-  std::size_t gpus = config_.max_devices ? config_.max_devices : driver_gpu_count();
+  refresh_gpus(mono_now_ns(), /*force=*/true);
+  std::size_t gpus = config_.max_devices ? config_.max_devices : gpus_.gpus().size();
   device_limit_ = std::clamp<std::size_t>(gpus ? gpus : shm::kMaxDevices, 1, shm::kMaxDevices);
   quota_logged_.clear();
   max_logged_ = false;
@@ -116,6 +106,14 @@ void ProcessTable::reconfigure(const DaemonConfig& config) {
   if (capacity_changed)
     for (auto& [pid, p] : processes_)
       for (auto& h : p.history) h.set_capacity(config_.history_capacity());
+}
+
+void ProcessTable::refresh_gpus(std::uint64_t mono_ns, bool force) {
+  // GPUs do not come and go often; a hot-plugged one shows within kGpusTtlNs.
+  constexpr std::uint64_t kGpusTtlNs = 10'000'000'000ull;
+  if (!force && gpus_read_ns_ != 0 && mono_ns - gpus_read_ns_ < kGpusTtlNs) return;
+  gpus_read_ns_ = mono_ns;
+  gpus_ = shm::GpuInventory::read(config_.nvidia_gpus_dir);
 }
 
 const TrackedProcess* ProcessTable::find(pid_t pid) const {
@@ -217,6 +215,9 @@ void ProcessTable::add(const shm::RecordName& name, PassStats* stats) {
   p.pidfd = std::move(pidfd);
   p.user = shm::user_name(name.uid);
   p.first_seen_ns = shm::realtime_ns();
+  // Read once: a process does not move between pods. The pidfd above was taken before the
+  // record's start time was checked against /proc, so this is the record's process.
+  p.kube = read_kube_identity(name.pid);
   auto [it, inserted] = processes_.insert_or_assign(name.pid, std::move(p));
   (void)inserted;
   ++tracked_by_uid_[name.uid];
@@ -283,6 +284,7 @@ PassStats ProcessTable::sample() {
   PassStats stats;
   std::uint64_t cpu0 = cpu_now_ns(), wall0 = mono_now_ns();
   std::uint64_t now = shm::realtime_ns();
+  refresh_gpus(wall0, /*force=*/false);
   std::vector<shm::RecordName> names = shm::discover_records(config_.record_prefix);
   stats.discovered = names.size();
   const std::uint64_t pass = passes_ + 1;

@@ -24,7 +24,9 @@
 #include <vector>
 
 #include "daemon_config.h"
+#include "gpustitch/shm/gpu_inventory.h"
 #include "gpustitch/shm/record_reader.h"
+#include "kube_cgroup.h"
 
 namespace gpustitch::daemon {
 
@@ -80,8 +82,9 @@ struct TrackedProcess {
   std::string user;
   std::uint64_t first_seen_ns = 0;
   std::uint64_t last_sample_ns = 0;
-  unsigned busy_passes = 0;     // consecutive passes without a consistent snapshot
-  bool devices_logged = false;  // "claims more devices than the node has" was logged
+  unsigned busy_passes = 0;          // consecutive passes without a consistent snapshot
+  bool devices_logged = false;       // "claims more devices than the node has" was logged
+  std::optional<KubeIdentity> kube;  // its pod and container, from its cgroup (kube_cgroup.h)
 
   const shm::RecordName& name() const { return reader.name(); }
 };
@@ -118,6 +121,9 @@ class ProcessTable {
   // Sampling passes completed since start: a process whose record existed before pass N began and
   // that ran until pass N ended is tracked from then on (the soak test relies on this).
   std::uint64_t passes() const { return passes_; }
+  // The node's GPUs (config nvidia_gpus_dir), re-read every 10 s and on reconfigure().
+  const shm::GpuInventory& gpus() const { return gpus_; }
+  const DaemonConfig& config() const { return config_; }
 
  private:
   void add(const shm::RecordName& name, PassStats* stats);
@@ -129,6 +135,7 @@ class ProcessTable {
   // a limit starts to bite.
   bool within_quota(uid_t uid);
   void forget(std::map<pid_t, TrackedProcess>::iterator it);
+  void refresh_gpus(std::uint64_t mono_ns, bool force);
 
  public:
   // Devices per process that get a history (max_devices, or the driver's GPU count).
@@ -136,6 +143,8 @@ class ProcessTable {
 
  private:
   std::size_t device_limit_ = 16;
+  shm::GpuInventory gpus_;
+  std::uint64_t gpus_read_ns_ = 0;
   std::map<uid_t, std::size_t> tracked_by_uid_;
   std::set<uid_t> quota_logged_;
   bool max_logged_ = false;

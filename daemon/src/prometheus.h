@@ -1,6 +1,7 @@
-// Prometheus text exposition (format 0.0.4) of every tracked process, in dcgm-exporter's style:
-// one series per process and device with labels pid, device, uuid, user, command. The metric
-// names come from gpustitch/shm/metrics.h.
+// Prometheus text exposition (format 0.0.4) of every tracked process, with dcgm-exporter's labels
+// (gpu, UUID, device, modelName, Hostname): one series per process and GPU, the GPU's own figures
+// (free and total memory) once per GPU. The metric names and labels are those of
+// gpustitch/shm/metrics.h.
 #pragma once
 
 #include <string>

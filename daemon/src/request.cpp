@@ -89,7 +89,8 @@ bool peer_sees_all(const Peer& peer, const std::string& admin_group) {
   return false;
 }
 
-json process_summary_json(const TrackedProcess& p, shm::JsonDetail detail) {
+json process_summary_json(const TrackedProcess& p, shm::JsonDetail detail,
+                          const shm::GpuInventory* gpus) {
   json j = shm::identity_to_json(p.reader.identity(), detail);
   j["user"] = p.user;
   j["heartbeat_ns"] = p.snapshot.heartbeat_ns;
@@ -98,11 +99,17 @@ json process_summary_json(const TrackedProcess& p, shm::JsonDetail detail) {
   json devices = json::array();
   for (const auto& d : p.snapshot.devices) devices.push_back(shm::device_to_json(d, detail));
   j["devices"] = std::move(devices);
+  if (gpus) shm::add_gpu_fields(j, *gpus);
+  if (p.kube) {
+    j["pod_uid"] = p.kube->pod_uid;
+    if (!p.kube->container_id.empty()) j["container_id"] = p.kube->container_id;
+  }
   return j;
 }
 
-json process_detail_json(const TrackedProcess& p, std::uint32_t history_seconds) {
-  json j = process_summary_json(p, shm::JsonDetail::full);
+json process_detail_json(const TrackedProcess& p, std::uint32_t history_seconds,
+                         const shm::GpuInventory* gpus) {
+  json j = process_summary_json(p, shm::JsonDetail::full, gpus);
   json events = json::array();
   for (const auto& e : p.events) events.push_back(shm::event_to_json(e));
   j["events"] = std::move(events);
@@ -158,7 +165,8 @@ std::string handle_request(std::string_view line, const Peer& peer, const Proces
         for (const auto& [pid, p] : table.processes())
           if (p.have_snapshot && visible(p))
             list.push_back(process_summary_json(
-                p, req->summary ? shm::JsonDetail::summary : shm::JsonDetail::counters));
+                p, req->summary ? shm::JsonDetail::summary : shm::JsonDetail::counters,
+                &table.gpus()));
         out["processes"] = std::move(list);
         out["sample_interval_ms"] = config.sample_interval_ms;
         break;
@@ -167,7 +175,7 @@ std::string handle_request(std::string_view line, const Peer& peer, const Proces
         const TrackedProcess* p = table.find(req->pid);
         if (!p || !p->have_snapshot || !visible(*p))
           return json{{"ok", false}, {"error", "not found"}}.dump() + "\n";
-        out["process"] = process_detail_json(*p, req->history_seconds);
+        out["process"] = process_detail_json(*p, req->history_seconds, &table.gpus());
         out["history"] = history_json(*p, req->history_seconds);
         out["sample_interval_ms"] = config.sample_interval_ms;
         break;

@@ -57,8 +57,11 @@ bool peer_sees_all(const Peer& peer, const std::string& admin_group);
 // Supplementary groups of a process from /proc/<pid>/status ("Groups:").
 std::vector<gid_t> process_groups(pid_t pid);
 
-nlohmann::json process_summary_json(const TrackedProcess& p, shm::JsonDetail detail);
-nlohmann::json process_detail_json(const TrackedProcess& p, std::uint32_t history_seconds);
+// gpus: the node's GPUs, to name each device's GPU (shm::add_gpu_fields); null: only the UUID.
+nlohmann::json process_summary_json(const TrackedProcess& p, shm::JsonDetail detail,
+                                    const shm::GpuInventory* gpus = nullptr);
+nlohmann::json process_detail_json(const TrackedProcess& p, std::uint32_t history_seconds,
+                                   const shm::GpuInventory* gpus = nullptr);
 
 // Answers one request line for peer. Never throws.
 std::string handle_request(std::string_view line, const Peer& peer, const ProcessTable& table,

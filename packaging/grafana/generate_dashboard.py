@@ -38,7 +38,10 @@ def ts(title, targets, unit, x, y, w=12, h=8, desc="", extra=None, draw="line"):
                    "options": {"legend": {"displayMode": "table", "placement": "bottom", "calcs": ["lastNotNull", "max"]},
                                "tooltip": {"mode": "multi", "sort": "desc"}},
                    "targets": [target(e, l, chr(65 + i)) for i, (e, l) in enumerate(targets)]})
-PROC = "{{instance}} pid {{pid}} {{command}} (gpu {{device}})"
+# Labels as dcgm-exporter's (gpu = the GPU's index, UUID, modelName, Hostname), so panels join
+# with DCGM dashboards; gpu is absent for devices the driver does not list (MIG, simulated).
+PROC = "{{instance}} pid {{pid}} {{command}} (gpu {{gpu}} {{UUID}})"
+GPU = "{{instance}} gpu {{gpu}} {{modelName}} {{UUID}}"
 
 y = 0
 row("Overview", y); y += 1
@@ -73,18 +76,18 @@ ts("Cached and pending per process", [
 y += 8
 
 row("Events", y); y += 1
-ts("Out-of-memory errors", [(f'sum by (instance, pid, command, device) (increase(gpustitch_oom_total{{{SEL}}}[$__rate_interval]))', PROC)],
+ts("Out-of-memory errors", [(f'sum by (instance, pid, command, gpu, UUID) (increase(gpustitch_oom_total{{{SEL}}}[$__rate_interval]))', PROC)],
    "none", 0, y, draw="bars", desc="Out-of-memory errors returned to programs, per interval.")
 ts("Stitches", [
-    (f'sum by (instance, pid, command, device) (rate(gpustitch_stitches_total{{{SEL}}}[$__rate_interval]))', "stitches/s " + PROC)],
+    (f'sum by (instance, pid, command, gpu, UUID) (rate(gpustitch_stitches_total{{{SEL}}}[$__rate_interval]))', "stitches/s " + PROC)],
    "ops", 12, y, desc="Allocations served by stitching.")
 y += 8
 ts("Stitched bytes", [
-    (f'sum by (instance, pid, command, device) (rate(gpustitch_stitched_bytes_total{{{SEL}}}[$__rate_interval]))', PROC)],
+    (f'sum by (instance, pid, command, gpu, UUID) (rate(gpustitch_stitched_bytes_total{{{SEL}}}[$__rate_interval]))', PROC)],
    "Bps", 0, y, desc="Bytes per second served by stitched ranges.")
 ts("Trims", [
-    (f'sum by (instance, pid, command, device) (rate(gpustitch_trimmed_bytes_total{{{SEL}}}[$__rate_interval]))', "trimmed " + PROC),
-    (f'sum by (instance, pid, command, device) (rate(gpustitch_trims_total{{{SEL}}}[$__rate_interval]))', "trim passes/s " + PROC)],
+    (f'sum by (instance, pid, command, gpu, UUID) (rate(gpustitch_trimmed_bytes_total{{{SEL}}}[$__rate_interval]))', "trimmed " + PROC),
+    (f'sum by (instance, pid, command, gpu, UUID) (rate(gpustitch_trims_total{{{SEL}}}[$__rate_interval]))', "trim passes/s " + PROC)],
    "Bps", 12, y, desc="Cached memory handed back to the driver (release threshold, caps, cooperative release).")
 y += 8
 ts("Allocation rate and how it was served", [
@@ -97,10 +100,10 @@ y += 8
 
 row("Devices", y); y += 1
 ts("Device memory", [
-    (f'max by (instance, device, uuid) (gpustitch_device_free_bytes{{{NODE}}})', "free {{instance}} gpu {{device}}"),
-    (f'max by (instance, device, uuid) (gpustitch_device_total_bytes{{{NODE}}})', "total {{instance}} gpu {{device}}"),
-    (f'sum by (instance, device, uuid) (gpustitch_reserved_bytes{{{NODE}}})', "gpustitch reserved {{instance}} gpu {{device}}")],
-   "bytes", 0, y, desc="Driver-reported free and total memory per GPU, against what gpustitch pools hold.")
+    (f'max by (instance, gpu, UUID, modelName) (gpustitch_device_free_bytes{{{NODE}}})', "free " + GPU),
+    (f'max by (instance, gpu, UUID, modelName) (gpustitch_device_total_bytes{{{NODE}}})', "total " + GPU),
+    (f'sum by (instance, gpu, UUID, modelName) (gpustitch_reserved_bytes{{{NODE}}})', "gpustitch reserved " + GPU)],
+   "bytes", 0, y, desc="Driver-reported free and total memory per GPU (one series per GPU, whatever the number of processes on it), against what gpustitch pools hold on it.")
 ts("Peaks per process", [
     (f'gpustitch_peak_reserved_bytes{{{SEL}}}', "peak reserved " + PROC),
     (f'gpustitch_peak_allocated_bytes{{{SEL}}}', "peak allocated " + PROC)], "bytes", 12, y)

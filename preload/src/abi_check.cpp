@@ -2,6 +2,8 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
+
 #include "cuda_abi.h"
 
 namespace c = gpustitch::cuda;
@@ -57,5 +59,10 @@ static_assert(sizeof(CUdeviceptr) == sizeof(c::CUdeviceptr));
 static_assert(sizeof(CUresult) == sizeof(c::CUresult));
 static_assert(sizeof(cudaError_t) == sizeof(c::cudaError));
 static_assert(sizeof(CUpointer_attribute) == sizeof(int));
+static_assert(offsetof(CUmemAllocationProp, location) == c::kAllocationPropLocationOffset);
+static_assert(offsetof(CUmemLocation, type) == 0 && offsetof(CUmemLocation, id) == 4);
+static_assert(sizeof(CUmemLocationType) == sizeof(int));
+static_assert(c::CU_MEM_LOCATION_TYPE_DEVICE == CU_MEM_LOCATION_TYPE_DEVICE);
+static_assert(sizeof(CUmemGenericAllocationHandle) == sizeof(c::CUmemGenericAllocationHandle));
 // CU_STREAM_LEGACY / CU_STREAM_PER_THREAD are ((CUstream)0x1) / ((CUstream)0x2): shim.cpp relies on
 // those values, which cannot be checked at compile time (a pointer cast is not a constant).

@@ -1,9 +1,13 @@
 // The documented C API (include/gpustitch/gpustitch.h): PyTorch's pluggable-allocator entry points
 // and the introspection calls tests and tools use.
+#include <cstdio>
 #include <cstring>
+#include <exception>
+#include <string>
 
 #include "gpustitch/gpustitch.h"
 #include "hooks.h"
+#include "observers.h"
 #include "real_api.h"
 #include "shim.h"
 
@@ -101,6 +105,29 @@ __attribute__((visibility("default"))) long long gpustitch_trim(int device) {
 __attribute__((visibility("default"))) int gpustitch_device_count(void) {
   Pool* pool = pl::shim_active() ? pl::existing_pool() : nullptr;
   return pool ? pool->device_count() : 0;
+}
+
+__attribute__((visibility("default"))) int gpustitch_snapshot(const char* path, char* error,
+                                                              size_t error_size) {
+  auto fail = [&](int code, const char* why) noexcept {
+    if (error != nullptr && error_size > 0) std::snprintf(error, error_size, "%s", why);
+    return code;
+  };
+  Pool* pool = pl::shim_active() ? pl::existing_pool() : nullptr;
+  if (!pool) return fail(-1, "the pool is not active in this process");
+  if (path == nullptr || *path == '\0') return fail(-2, "no output path");
+  try {
+    std::string why;
+    if (!trace::write_pytorch_snapshot(pl::snapshot_of(*pool), path, &why)) {
+      return fail(-2, why.c_str());
+    }
+  } catch (const std::exception& e) {
+    return fail(-2, e.what());  // out of host memory
+  } catch (...) {
+    return fail(-2, "unexpected error");
+  }
+  if (error != nullptr && error_size > 0) error[0] = '\0';
+  return 0;
 }
 
 __attribute__((visibility("default"))) const char* gpustitch_version(void) {

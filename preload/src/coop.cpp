@@ -182,8 +182,8 @@ std::vector<Candidate> find_neighbours(const DeviceUuid& uuid) {
     shm::SnapshotCopy snap;
     if (reader->read_snapshot(&snap) != shm::ReadError::none) continue;
     for (const auto& d : snap.devices) {
-      if (std::memcmp(d.uuid, uuid.data(), shm::kUuidBytes) == 0 && d.bytes_cached > 0) {
-        out.push_back({name.pid, name.start_time, d.bytes_cached});
+      if (std::memcmp(d.uuid, uuid.data(), shm::kUuidBytes) == 0 && d.releasable_bytes() > 0) {
+        out.push_back({name.pid, name.start_time, d.releasable_bytes()});
         break;
       }
     }

@@ -26,6 +26,7 @@ using CUcontext = ::CUctx_st*;
 using CUstream = ::CUstream_st*;
 using CUmemoryPool = ::CUmemPoolHandle_st*;  // cudaMemPool_t is the same handle
 using cuuint64 = std::uint64_t;
+using CUmemGenericAllocationHandle = unsigned long long;
 
 // CUresult values.
 inline constexpr CUresult CUDA_SUCCESS = 0;
@@ -80,6 +81,11 @@ inline constexpr unsigned CU_MEMORYTYPE_DEVICE = 2;
 
 inline constexpr std::size_t kIpcHandleSize = 64;
 
+// CUmemAllocationProp: the shim reads only where a cuMemCreate puts its memory, location {type,
+// id}, at this offset (pinned against cuda.h in abi_check.cpp); the struct is otherwise opaque.
+inline constexpr std::size_t kAllocationPropLocationOffset = 8;
+inline constexpr int CU_MEM_LOCATION_TYPE_DEVICE = 1;
+
 // CUmemPool_attribute / cudaMemPoolAttr values (the same numbers) the shim answers for the
 // default memory pool of a device it serves; each takes a cuuint64_t.
 inline constexpr int CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5;
@@ -111,6 +117,16 @@ using PFN_cuDeviceGetDefaultMemPool = CUresult (*)(CUmemoryPool*, CUdevice);
 using PFN_cuMemPoolGetAttribute = CUresult (*)(CUmemoryPool, int, void*);
 using PFN_cuMemPoolSetAttribute = CUresult (*)(CUmemoryPool, int, void*);
 using PFN_cuMemPoolTrimTo = CUresult (*)(CUmemoryPool, std::size_t);
+using PFN_cuMemCreate = CUresult (*)(CUmemGenericAllocationHandle*, std::size_t, const void*,
+                                     unsigned long long);
+using PFN_cuMemRelease = CUresult (*)(CUmemGenericAllocationHandle);
+using PFN_cuMemRetainAllocationHandle = CUresult (*)(CUmemGenericAllocationHandle*, void*);
+using PFN_cuMemMap = CUresult (*)(CUdeviceptr, std::size_t, std::size_t,
+                                  CUmemGenericAllocationHandle, unsigned long long);
+using PFN_cuMemUnmap = CUresult (*)(CUdeviceptr, std::size_t);
+using PFN_cuMemAddressReserve = CUresult (*)(CUdeviceptr*, std::size_t, std::size_t, CUdeviceptr,
+                                             unsigned long long);
+using PFN_cuMemAddressFree = CUresult (*)(CUdeviceptr, std::size_t);
 using PFN_cuCtxGetDevice = CUresult (*)(CUdevice*);
 using PFN_cuDeviceGetCount = CUresult (*)(int*);
 using PFN_cuCtxPushCurrent = CUresult (*)(CUcontext);

@@ -31,6 +31,13 @@
   X(cuMemPoolGetAttribute, false)           \
   X(cuMemPoolSetAttribute, false)           \
   X(cuMemPoolTrimTo, false)                 \
+  X(cuMemCreate, false)                     \
+  X(cuMemRelease, false)                    \
+  X(cuMemRetainAllocationHandle, false)     \
+  X(cuMemMap, false)                        \
+  X(cuMemUnmap, false)                      \
+  X(cuMemAddressReserve, false)             \
+  X(cuMemAddressFree, false)                \
   X(cuGetProcAddress, false)                \
   X(cuGetProcAddress_v2, false)             \
   X(cudaMalloc, true)                       \
@@ -77,6 +84,7 @@ extern "C" {
 using gpustitch::cuda::CUcontext;
 using gpustitch::cuda::cudaError;
 using gpustitch::cuda::CUdeviceptr;
+using gpustitch::cuda::CUmemGenericAllocationHandle;
 using gpustitch::cuda::CUmemoryPool;
 using gpustitch::cuda::CUresult;
 using gpustitch::cuda::CUstream;
@@ -100,6 +108,16 @@ CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool, int device);
 CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void* value);
 CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void* value);
 CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t min_bytes_to_keep);
+CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const void* prop,
+                     unsigned long long flags);
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle);
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void* addr);
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                  unsigned long long flags);
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size);
+CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                             unsigned long long flags);
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size);
 CUresult cuGetProcAddress(const char* symbol, void** pfn, int cuda_version, cuuint64 flags);
 CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cuda_version, cuuint64 flags,
                              int* status);

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "hooks.h"
+#include "program_memory.h"
 #include "real_api.h"
 #include "shim.h"
 
@@ -152,7 +153,7 @@ __attribute__((visibility("default"))) CUresult cuMemGetInfo_v2(size_t* free, si
   if (pool && free && total && pl::driver_current_device(&device)) {
     std::size_t f = 0, t = 0;
     if (pool->mem_info(device, &f, &t) == Status::ok) {
-      *free = f;
+      *free = pl::program_bounded_free(*pool, device, f, t);
       *total = t;
       return CUDA_SUCCESS;
     }

@@ -8,6 +8,7 @@
 #include <atomic>
 
 #include "hooks.h"
+#include "program_memory.h"
 #include "real_api.h"
 #include "shim.h"
 
@@ -163,7 +164,7 @@ __attribute__((visibility("default"))) cudaError cudaMemGetInfo(size_t* free, si
   if (pool && free && total && pl::runtime_current_device(&device)) {
     std::size_t f = 0, t = 0;
     if (pool->mem_info(device, &f, &t) == Status::ok) {
-      *free = f;
+      *free = pl::program_bounded_free(*pool, device, f, t);
       *total = t;
       return cudaSuccess;
     }

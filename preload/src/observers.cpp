@@ -1,11 +1,12 @@
 // THE place where the shim's pool observers are created from Config.
 //
 // Every layer that watches the pool (shared-memory statistics for gpustitchd, the allocation
-// trace, allocation-site sampling) is a gpustitch::PoolObserver. The pool is created with one
-// ObserverFanout as its observer; each enabled observer is constructed here, from the config and
-// the pool, and fanout.add()ed. Constructors must not call into CUDA through the hooks or allocate
-// from the pool, must not throw out of here (a failure is logged once and the observer left out),
-// and must be cheap on the allocation path (callbacks run on the allocating thread).
+// trace, allocation-site sampling, the ring of recent events behind snapshots' timelines) is a
+// gpustitch::PoolObserver. The pool is created with one ObserverFanout as its observer; each
+// enabled observer is constructed here, from the config and the pool, and fanout.add()ed.
+// Constructors must not call into CUDA through the hooks or allocate from the pool, must not throw
+// out of here (a failure is logged once and the observer left out), and must be cheap on the
+// allocation path (callbacks run on the allocating thread).
 #include "observers.h"
 
 #include <algorithm>
@@ -18,8 +19,10 @@
 #include "coop.h"
 #include "gpustitch/shm/publisher.h"
 #include "gpustitch/sites/site_sampler.h"
+#include "gpustitch/trace/recent_events.h"
 #include "gpustitch/trace/snapshot.h"
 #include "gpustitch/trace/trace_writer.h"
+#include "program_memory.h"
 
 namespace gpustitch::preload {
 namespace {
@@ -29,6 +32,7 @@ namespace {
 std::atomic<shm::StatsPublisher*> g_publisher{nullptr};
 std::atomic<sites::SiteSampler*> g_sites{nullptr};
 std::atomic<Pool*> g_snapshot_pool{nullptr};
+std::atomic<trace::RecentEvents*> g_recent{nullptr};
 
 // The record's site table from the sampler's top sites.
 void publish_sites(shm::StatsPublisher& publisher, sites::SiteSampler& sampler) {
@@ -72,26 +76,43 @@ std::string record_prefix(spdlog::logger& log) {
   return {};
 }
 
-// For `gpustitch snapshot PID` (PyTorch memory_viz format): the pool's memory map, with the stacks
-// of live blocks when sites are sampled. Built only when asked for; nothing on the allocation path
-// keeps it.
+std::vector<trace::SnapshotFrame> snapshot_frames(const std::vector<sites::SiteFrame>& frames) {
+  std::vector<trace::SnapshotFrame> out;
+  out.reserve(frames.size());
+  for (const auto& f : frames) out.push_back({f.library, 0, f.function});
+  return out;
+}
+
+}  // namespace
+
+// For `gpustitch snapshot PID` and gpustitch_snapshot() (PyTorch memory_viz format): the pool's
+// memory map, with the stacks of live blocks when sites are sampled, and the recent events as
+// device_traces. The map is built only when asked for; the allocation path keeps only the ring.
 trace::SnapshotData snapshot_of(const Pool& pool) {
   std::vector<MappedSegment> segments;
   for (int d = 0; d < pool.device_count(); ++d) {
     if (pool.memory_map(d, &segments) == Status::out_of_memory) throw std::bad_alloc();
   }
-  std::function<std::vector<trace::SnapshotFrame>(DevPtr)> frames;
-  if (g_sites.load() != nullptr) {
-    frames = [](DevPtr p) {
-      std::vector<trace::SnapshotFrame> out;
-      if (sites::SiteSampler* s = g_sites.load()) {
-        for (const auto& f : s->frames_of(p)) out.push_back({f.library, 0, f.function});
-      }
-      return out;
+  // Read the ring after the map: an allocation that lands in between is in the timeline and
+  // missing from the segments, which memory_viz shows as live to the end; nothing is lost.
+  std::vector<trace::RecentEvent> events;
+  if (const trace::RecentEvents* recent = g_recent.load()) events = recent->read();
+  sites::SiteSampler* sampler = g_sites.load();
+  std::function<std::vector<trace::SnapshotFrame>(DevPtr)> block_frames;
+  std::function<std::vector<trace::SnapshotFrame>(std::uint64_t)> site_frames;
+  if (sampler != nullptr) {
+    block_frames = [sampler](DevPtr p) { return snapshot_frames(sampler->frames_of(p)); };
+    site_frames = [sampler](std::uint64_t id) {
+      return snapshot_frames(sampler->frames_of_site(id));
     };
   }
-  return trace::build_snapshot_from_segments(segments, pool.device_count(), frames);
+  trace::SnapshotData data =
+      trace::build_snapshot_from_segments(segments, pool.device_count(), block_frames);
+  trace::append_device_traces(events, site_frames, &data);
+  return data;
 }
+
+namespace {
 
 // Once per statistics interval, on the publisher's thread.
 void on_publisher_tick() {
@@ -113,9 +134,20 @@ void add_configured_observers(const Config& config, Pool& pool, ObserverFanout& 
     fanout.add(std::move(writer));
   }
   // Allocation sites (sites_min_mb / sites_sample).
+  trace::SiteOfAllocation site_of = nullptr;
   if (auto sampler = sites::make_site_sampler(config)) {
     g_sites.store(sampler.get());
     fanout.add(std::move(sampler));
+    site_of = &sites::SiteSampler::last_sampled_site;
+  }
+  // Recent events for snapshots' timelines (trace_events). After the sampler: its on_allocate
+  // runs first on the same thread, so the ring can take the site it just captured.
+  std::string why;
+  if (auto recent = trace::make_recent_events(config, site_of, &why)) {
+    g_recent.store(recent.get());
+    fanout.add(std::move(recent));
+  } else if (!why.empty()) {
+    log.warn("snapshots will have no timeline: {}", why);
   }
   // Shared-memory statistics for gpustitchd and `gpustitch ps/top/show`.
   std::string prefix = config.publish ? record_prefix(log) : std::string();
@@ -123,7 +155,10 @@ void add_configured_observers(const Config& config, Pool& pool, ObserverFanout& 
     shm::PublisherOptions options;
     options.prefix = std::move(prefix);
     options.on_tick = on_publisher_tick;
-    options.augment = fill_coop_counters;
+    options.augment = [](int device, shm::DeviceCounters& counters) {
+      fill_coop_counters(device, counters);
+      fill_program_counters(device, counters);
+    };
     auto publisher = std::make_unique<shm::StatsPublisher>(pool, config, std::move(options));
     if (!publisher->active()) {
       log.debug("statistics not published: {}", publisher->error());

@@ -6,6 +6,7 @@
 #include "gpustitch/config.h"
 #include "gpustitch/pool.h"
 #include "gpustitch/shm/publisher.h"
+#include "gpustitch/trace/snapshot.h"
 #include "observer_fanout.h"
 
 namespace gpustitch::preload {
@@ -18,5 +19,9 @@ void add_configured_observers(const Config& config, Pool& pool, ObserverFanout& 
 
 // The statistics publisher add_configured_observers created, or null (publish:off, failure).
 shm::StatsPublisher* configured_publisher() noexcept;
+
+// The pool as a PyTorch memory snapshot: its memory map, block stacks when sites are sampled, and
+// the ring of recent events as device_traces. Throws std::bad_alloc only.
+trace::SnapshotData snapshot_of(const Pool& pool);
 
 }  // namespace gpustitch::preload

@@ -68,6 +68,15 @@ const ProcEntry kProcs[] = {
     {"cuMemPoolSetAttribute", 11020, Hook::cuMemPoolSetAttribute, Hook::cuMemPoolSetAttribute,
      false},
     {"cuMemPoolTrimTo", 11020, Hook::cuMemPoolTrimTo, Hook::cuMemPoolTrimTo, false},
+    // Virtual memory management (CUDA 10.2), which programs call themselves (program_memory.h).
+    {"cuMemCreate", 10020, Hook::cuMemCreate, Hook::cuMemCreate, false},
+    {"cuMemRelease", 10020, Hook::cuMemRelease, Hook::cuMemRelease, false},
+    {"cuMemRetainAllocationHandle", 11000, Hook::cuMemRetainAllocationHandle,
+     Hook::cuMemRetainAllocationHandle, false},
+    {"cuMemMap", 10020, Hook::cuMemMap, Hook::cuMemMap, false},
+    {"cuMemUnmap", 10020, Hook::cuMemUnmap, Hook::cuMemUnmap, false},
+    {"cuMemAddressReserve", 10020, Hook::cuMemAddressReserve, Hook::cuMemAddressReserve, false},
+    {"cuMemAddressFree", 10020, Hook::cuMemAddressFree, Hook::cuMemAddressFree, false},
     // cuGetProcAddress itself: v2 from 12.0, v1 from 11.3 (handled below).
     {"cuGetProcAddress", 12000, Hook::cuGetProcAddress_v2, Hook::cuGetProcAddress_v2, false},
 };

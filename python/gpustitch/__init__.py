@@ -9,16 +9,19 @@ ctypes; torch is not needed. The library is found in the process first (it is th
     print(gpustitch.memory_summary())
     gpustitch.fragmentation(0)     # 1 - allocated / reserved
     gpustitch.trim(0)              # bytes given back to the driver
+    gpustitch.snapshot("snap.pickle")  # for pytorch.org/memory_viz; snapshot() returns the dict
 
 Every function raises gpustitch.NotLoadedError, saying how to load the library, when the pool is
 not active in this process.
 """
 import ctypes
 import os
+import pickle
+import tempfile
 
 __all__ = [
     "NotLoadedError", "is_active", "device_count", "memory_stats", "memory_summary",
-    "fragmentation", "trim", "enable_for_torch", "version",
+    "fragmentation", "trim", "snapshot", "enable_for_torch", "version",
 ]
 
 
@@ -45,6 +48,9 @@ def _bind(lib):
     lib.gpustitch_get_stats.argtypes = [ctypes.c_int, ctypes.POINTER(_DeviceStats),
                                         ctypes.c_size_t]
     lib.gpustitch_version.restype = ctypes.c_char_p
+    if hasattr(lib, "gpustitch_snapshot"):
+        lib.gpustitch_snapshot.restype = ctypes.c_int
+        lib.gpustitch_snapshot.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
     if hasattr(lib, "gpustitch_trim"):
         lib.gpustitch_trim.restype = ctypes.c_longlong
         lib.gpustitch_trim.argtypes = [ctypes.c_int]
@@ -151,6 +157,37 @@ def trim(device=0):
     if released < 0:
         raise ValueError(f"device {device} is not served by the pool")
     return int(released)
+
+
+def snapshot(path=None):
+    """A PyTorch memory snapshot of the pool, as torch.cuda.memory._snapshot() gives PyTorch's.
+
+    With path: writes the pickle there (what torch.cuda.memory._dump_snapshot(path) writes and
+    pytorch.org/memory_viz or torch.cuda._memory_viz read) and returns path. Without: returns the
+    dict. 'segments' are the pool's mapped ranges and their blocks; 'device_traces' the recent
+    allocation events (GPUSTITCH_CONF trace_events:N, 10,000 by default), with native stacks
+    where allocation sites are sampled (sites_min_mb / sites_sample).
+    """
+    lib = _active()
+    if not hasattr(lib, "gpustitch_snapshot"):
+        raise NotLoadedError(f"libgpustitch.so {version()} predates snapshots; use a newer one")
+    if path is None:
+        fd, tmp = tempfile.mkstemp(prefix="gpustitch-snapshot-", suffix=".pickle")
+        os.close(fd)
+        try:
+            snapshot(tmp)
+            with open(tmp, "rb") as f:
+                return pickle.load(f)
+        finally:
+            os.unlink(tmp)
+    target = os.fspath(path)
+    error = ctypes.create_string_buffer(512)
+    rc = lib.gpustitch_snapshot(os.fsencode(target), error, ctypes.sizeof(error))
+    if rc == -1:
+        raise NotLoadedError("libgpustitch.so is loaded but its pool is not active")
+    if rc != 0:
+        raise OSError(f"cannot write the snapshot to {target}: {error.value.decode(errors='replace')}")
+    return path
 
 
 def _fmt(n):

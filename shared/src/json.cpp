@@ -55,10 +55,13 @@ json device_to_json(const DeviceCounters& d, JsonDetail detail) {
     j["ooms"] = d.ooms;
     j["device_free"] = d.device_free;
     j["device_total"] = d.device_total;
+    j["program_held_bytes"] = d.program_held_bytes;
+    j["program_mapped_bytes"] = d.program_mapped_bytes;
   } else {
 #define GPUSTITCH_SHM_JSON(name) j[#name] = d.name;
     GPUSTITCH_SHM_DEVICE_COUNTERS(GPUSTITCH_SHM_JSON)
     GPUSTITCH_SHM_COOP_COUNTERS(GPUSTITCH_SHM_JSON)
+    GPUSTITCH_SHM_PROGRAM_COUNTERS(GPUSTITCH_SHM_JSON)
 #undef GPUSTITCH_SHM_JSON
   }
   j["fragmentation"] = d.fragmentation();
@@ -94,12 +97,29 @@ json identity_to_json(const ProcessIdentity& id, JsonDetail detail) {
          {"user", user_name(id.uid)},
          {"exe", id.exe},
          {"command", id.cmdline}};
+  // Counters newer than this layout (program_* before 3) are absent from the record, not zero.
+  j["layout_version"] = id.layout_version;
   if (detail != JsonDetail::summary) {
     j["start_time"] = id.start_time;
     j["created_ns"] = id.created_ns;
     j["publish_interval_ms"] = id.publish_interval_ms;
   }
   return j;
+}
+
+void add_gpu_fields(json& process, const GpuInventory& gpus) {
+  if (!process.is_object() || !process.contains("devices") || !process["devices"].is_array())
+    return;
+  for (auto& d : process["devices"]) {
+    if (!d.is_object() || !d.contains("uuid") || !d["uuid"].is_string()) continue;
+    std::array<std::uint8_t, kUuidBytes> uuid;
+    if (!parse_uuid_text(d["uuid"].get<std::string>(), &uuid)) continue;
+    const GpuInfo* g = gpus.find(uuid);
+    if (!g) continue;
+    d["gpu"] = g->index;
+    d["gpu_name"] = g->name;
+    d["pci_bus_id"] = g->bus_id;
+  }
 }
 
 namespace {

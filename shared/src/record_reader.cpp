@@ -87,8 +87,9 @@ ReadError validate_prefix(std::span<const std::uint8_t> bytes, const RecordName*
   RecordHeader h;
   if (!load(bytes, 0, &h)) return ReadError::bad_size;
   if (h.magic != kRecordMagic) return ReadError::bad_magic;
-  if (h.version != kLayoutVersion) return ReadError::bad_version;
-  if (h.record_size != sizeof(Record) || h.max_devices != kMaxDevices ||
+  const LayoutInfo* layout = find_layout(h.version);
+  if (layout == nullptr) return ReadError::bad_version;
+  if (h.record_size != layout->record_size || h.max_devices != kMaxDevices ||
       h.event_slots != kEventSlots || h.max_sites != kMaxSites)
     return ReadError::bad_header;
   Identity id;
@@ -103,6 +104,7 @@ ReadError validate_prefix(std::span<const std::uint8_t> bytes, const RecordName*
       out->start_time = id.start_time;
       out->created_ns = h.created_ns;
       out->publish_interval_ms = id.publish_interval_ms;
+      out->layout_version = h.version;
       out->exe = bounded_string(id.exe, sizeof id.exe);
       out->cmdline = bounded_string(id.cmdline, sizeof id.cmdline);
     } catch (...) {
@@ -113,19 +115,28 @@ ReadError validate_prefix(std::span<const std::uint8_t> bytes, const RecordName*
 }
 
 bool decode_snapshot(std::span<const std::uint8_t> bytes, SnapshotCopy* out) {
+  return decode_snapshot(bytes, out, kReadableLayouts[0]);
+}
+
+bool decode_snapshot(std::span<const std::uint8_t> bytes, SnapshotCopy* out,
+                     const LayoutInfo& layout) {
   Snapshot head;  // only the fields before devices[] are loaded here
   if (bytes.size() < offsetof(Snapshot, devices)) return false;
   std::memcpy(static_cast<void*>(&head), bytes.data(), offsetof(Snapshot, devices));
   if (head.device_count > kMaxDevices) return false;
-  std::size_t need = offsetof(Snapshot, devices) + head.device_count * sizeof(DeviceCounters);
+  const std::size_t stride = std::min<std::size_t>(layout.device_stride, sizeof(DeviceCounters));
+  std::size_t need = offsetof(Snapshot, devices) + head.device_count * layout.device_stride;
   if (bytes.size() < need) return false;
   out->heartbeat_ns = head.heartbeat_ns;
   out->publish_count = head.publish_count;
   out->events_head = head.events_head;
-  out->devices.resize(head.device_count);
-  if (head.device_count)
-    std::memcpy(static_cast<void*>(out->devices.data()), bytes.data() + offsetof(Snapshot, devices),
-                head.device_count * sizeof(DeviceCounters));
+  out->layout_version = layout.version;
+  out->devices.assign(head.device_count, DeviceCounters{});
+  // Counters an older layout lacks stay zero.
+  for (std::uint32_t i = 0; i < head.device_count; ++i) {
+    std::memcpy(static_cast<void*>(&out->devices[i]),
+                bytes.data() + offsetof(Snapshot, devices) + i * layout.device_stride, stride);
+  }
   return true;
 }
 
@@ -219,7 +230,11 @@ std::optional<RecordReader> RecordReader::open_path(const std::string& path, con
     *err = ReadError::bad_mode;
     return std::nullopt;
   }
-  if (st.st_size != static_cast<off_t>(sizeof(Record))) {
+  const LayoutInfo* sized = nullptr;
+  for (const LayoutInfo& l : kReadableLayouts) {
+    if (st.st_size == static_cast<off_t>(l.record_size)) sized = &l;
+  }
+  if (sized == nullptr) {
     *err = ReadError::bad_size;
     return std::nullopt;
   }
@@ -230,6 +245,11 @@ std::optional<RecordReader> RecordReader::open_path(const std::string& path, con
   }
   *err = validate_prefix(prefix, name, &r.identity_);
   if (*err != ReadError::none) return std::nullopt;
+  r.layout_ = find_layout(r.identity_.layout_version);
+  if (r.layout_ != sized) {  // a header of one layout in an object of another's size
+    *err = ReadError::bad_size;
+    return std::nullopt;
+  }
   if (name) {
     r.name_ = *name;
   } else {
@@ -245,6 +265,7 @@ RecordReader::RecordReader(RecordReader&& o) noexcept
     : fd_(o.fd_),
       inode_(o.inode_),
       device_guess_(o.device_guess_),
+      layout_(o.layout_),
       name_(std::move(o.name_)),
       identity_(std::move(o.identity_)) {
   o.fd_ = -1;
@@ -257,6 +278,7 @@ RecordReader& RecordReader::operator=(RecordReader&& o) noexcept {
     o.fd_ = -1;
     inode_ = o.inode_;
     device_guess_ = o.device_guess_;
+    layout_ = o.layout_;
     name_ = std::move(o.name_);
     identity_ = std::move(o.identity_);
   }
@@ -282,7 +304,8 @@ bool RecordReader::pread_all(void* dst, std::size_t size, std::size_t offset) co
 
 ReadError RecordReader::read_snapshot(SnapshotCopy* out) const {
   constexpr std::size_t base = offsetof(Record, snapshot);
-  alignas(8) std::uint8_t buf[sizeof(Snapshot)];
+  alignas(8) std::uint8_t buf[sizeof(Snapshot)];  // the largest readable snapshot
+  const std::size_t stride = layout_->device_stride;
   for (int attempt = 0; attempt < kMaxReadRetries; ++attempt) {
     if (attempt >= 8) ::sched_yield();
     std::uint64_t s1 = 0, s2 = 0;
@@ -292,20 +315,19 @@ ReadError RecordReader::read_snapshot(SnapshotCopy* out) const {
     // device_count is re-validated on decode.
     std::size_t guess = std::min<std::size_t>(device_guess_, kMaxDevices);
     std::size_t head = offsetof(Snapshot, devices);
-    if (!pread_all(buf, head + guess * sizeof(DeviceCounters), base)) return ReadError::io;
+    if (!pread_all(buf, head + guess * stride, base)) return ReadError::io;
     std::uint32_t count;
     std::memcpy(&count, buf + offsetof(Snapshot, device_count), 4);
     std::size_t n = std::min<std::uint32_t>(count, kMaxDevices);
-    std::size_t len = head + n * sizeof(DeviceCounters);
-    if (n > guess && !pread_all(buf + head + guess * sizeof(DeviceCounters),
-                                (n - guess) * sizeof(DeviceCounters),
-                                base + head + guess * sizeof(DeviceCounters)))
+    std::size_t len = head + n * stride;
+    if (n > guess &&
+        !pread_all(buf + head + guess * stride, (n - guess) * stride, base + head + guess * stride))
       return ReadError::io;
     if (!pread_all(&s2, 8, base + offsetof(Snapshot, seq))) return ReadError::io;
     std::uint64_t copied_seq;
     std::memcpy(&copied_seq, buf + offsetof(Snapshot, seq), 8);
     if (s1 != s2 || copied_seq != s1) continue;
-    if (!decode_snapshot(std::span<const std::uint8_t>(buf, len), out))
+    if (!decode_snapshot(std::span<const std::uint8_t>(buf, len), out, *layout_))
       return ReadError::bad_header;
     device_guess_ = n;
     return ReadError::none;
@@ -315,8 +337,7 @@ ReadError RecordReader::read_snapshot(SnapshotCopy* out) const {
 
 std::optional<std::uint64_t> RecordReader::event_head() const {
   std::uint64_t head;
-  if (!pread_all(&head, 8, offsetof(Record, events) + offsetof(EventRing, head)))
-    return std::nullopt;
+  if (!pread_all(&head, 8, layout_->events_offset + offsetof(EventRing, head))) return std::nullopt;
   return head;
 }
 
@@ -326,9 +347,9 @@ ReadError RecordReader::read_events(std::vector<EventCopy>* out, std::uint64_t* 
   // still a complete event; a copy torn across two writes is caught by re-reading the slot seqs.
   std::vector<std::uint8_t> buf(sizeof(EventRing));
   for (int attempt = 0; attempt < kMaxReadRetries; ++attempt) {
-    if (!pread_all(buf.data(), buf.size(), offsetof(Record, events))) return ReadError::io;
+    if (!pread_all(buf.data(), buf.size(), layout_->events_offset)) return ReadError::io;
     std::vector<std::uint8_t> again(sizeof(EventRing));
-    if (!pread_all(again.data(), again.size(), offsetof(Record, events))) return ReadError::io;
+    if (!pread_all(again.data(), again.size(), layout_->events_offset)) return ReadError::io;
     // Keep only slots whose sequence did not move between the two copies.
     bool stable = true;
     for (int i = 0; i < kEventSlots; ++i) {
@@ -347,7 +368,7 @@ ReadError RecordReader::read_events(std::vector<EventCopy>* out, std::uint64_t* 
 }
 
 ReadError RecordReader::read_sites(std::vector<SiteCopy>* out, std::uint64_t* updated_ns) const {
-  constexpr std::size_t base = offsetof(Record, sites);
+  const std::size_t base = layout_->sites_offset;
   std::vector<std::uint8_t> buf(sizeof(SiteTable));
   for (int attempt = 0; attempt < kMaxReadRetries; ++attempt) {
     if (attempt >= 8) ::sched_yield();

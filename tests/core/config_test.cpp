@@ -80,13 +80,13 @@ TEST(Config, KeysListIncludesCoreKeys) {
 }
 
 TEST(Config, LargeCacheBudgetInMiBAndZeroTurnsItOff) {
-  EXPECT_EQ(parse_config("").config.large_cache, 256 * MiB);
+  EXPECT_EQ(parse_config("").config.large_cache, 0u);
   EXPECT_EQ(parse_config("large_cache_mb:64").config.large_cache, 64 * MiB);
   EXPECT_EQ(parse_config("large_cache_mb:0").config.large_cache, 0u);
   auto r = parse_config("large_cache_mb:lots");
   ASSERT_EQ(r.errors.size(), 1u);
   EXPECT_NE(r.errors[0].find("large_cache_mb"), std::string::npos);
-  EXPECT_EQ(r.config.large_cache, 256 * MiB);
+  EXPECT_EQ(r.config.large_cache, 0u);
 }
 
 TEST(Config, HandleSizeKeys) {

@@ -26,6 +26,12 @@ using namespace gpustitch;
 
 namespace {
 
+// The cache is off by default (config.h: why); these tests turn it on at the size it had.
+Config cache_on(Config c) {
+  c.large_cache = 256 * MiB;
+  return c;
+}
+
 // A thread that stays alive (so it keeps its arena) and runs what it is given, in order.
 class Worker {
  public:
@@ -118,7 +124,7 @@ LockedLoop loop_while_device_locked(Pool& pool, Stream stream) {
 TEST(PoolLargeCache, SameStreamGetsItsBlockBackAtOnceWithItsBytes) {
   TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
-  Pool pool(*dev.backend, Config{});
+  Pool pool(*dev.backend, cache_on(Config{}));
   dev.sim->hold_device(true);  // nothing freed can be fenced: only stream order allows reuse
   DevPtr a = 0;
   ASSERT_EQ(pool.allocate(0, 48 * MiB, kS1, &a), Status::ok);
@@ -153,7 +159,7 @@ TEST(PoolLargeCache, SameStreamGetsItsBlockBackAtOnceWithItsBytes) {
 TEST(PoolLargeCache, SteadyStateLoopNeverWaitsForTheDeviceLock) {
   TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated device";
-  Pool pool(*dev.backend, inline_config());
+  Pool pool(*dev.backend, cache_on(inline_config()));
   const LockedLoop r = loop_while_device_locked(pool, kS1);
   ASSERT_NE(r.first, 0u);
   EXPECT_TRUE(r.finished) << "a stream's allocate/free loop waited for the device lock";
@@ -163,7 +169,7 @@ TEST(PoolLargeCache, SteadyStateLoopNeverWaitsForTheDeviceLock) {
 TEST(PoolLargeCache, AnotherStreamNeverGetsAParkedBlockBeforeItsFence) {
   TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
-  Pool pool(*dev.backend, Config{});
+  Pool pool(*dev.backend, cache_on(Config{}));
   dev.sim->hold_device(true);
   DevPtr a = 0, b = 0, c = 0;
   ASSERT_EQ(pool.allocate(0, 48 * MiB, kS1, &a), Status::ok);
@@ -193,7 +199,7 @@ TEST(PoolLargeCache, CudaFreeSemanticsBlockIsNotReusedBeforeAFence) {
   if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
   for (const bool background : {false, true}) {
     SCOPED_TRACE(background ? "background reclaim" : "fence on demand");
-    Config c = inline_config();
+    Config c = cache_on(inline_config());
     c.background_reclaim = background;
     Pool pool(*dev.backend, c);
     Worker w;
@@ -237,7 +243,7 @@ TEST(PoolLargeCache, CudaFreeSemanticsBlockIsNotReusedBeforeAFence) {
 TEST(PoolLargeCache, CudaMallocFreeLoopFencesInItsArenaWithoutTheDeviceLock) {
   TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated device";
-  Pool pool(*dev.backend, inline_config());
+  Pool pool(*dev.backend, cache_on(inline_config()));
   const std::uint64_t syncs = dev.sim->calls(SimOp::synchronize);
   const LockedLoop r = loop_while_device_locked(pool, kAnyStream);
   ASSERT_NE(r.first, 0u);
@@ -260,7 +266,7 @@ TEST(PoolLargeCache, CudaMallocFreeLoopWithCostlyFencesSharesOneFenceAmongAFewBl
   costly.call_ns[static_cast<std::size_t>(SimOp::synchronize)] = 20'000;
   TestDevice dev = make_test_device(costly);
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated device";
-  Pool pool(*dev.backend, Config{});
+  Pool pool(*dev.backend, cache_on(Config{}));
   Worker w;
   std::set<DevPtr> seen;
   const std::uint64_t fences_before = dev.sim->calls(SimOp::synchronize);
@@ -289,7 +295,7 @@ TEST(PoolLargeCache, CudaMallocFreeLoopWithCostlyFencesSharesOneFenceAmongAFewBl
 TEST(PoolLargeCache, ReclaimerFenceCoversBlocksParkedWithCudaFreeSemantics) {
   TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated device";
-  Pool pool(*dev.backend, Config{});
+  Pool pool(*dev.backend, cache_on(Config{}));
   Worker w;
   const DevPtr a = w.run([&] {
     DevPtr p = 0;
@@ -325,7 +331,7 @@ TEST(PoolLargeCache, ReclaimerFenceCoversBlocksParkedWithCudaFreeSemantics) {
 TEST(PoolLargeCache, CudaMallocOfAnotherSizeGetsTheSmallerParkedBlocks) {
   TestDevice dev = make_test_device({.map_offset = false});
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated device";
-  Pool pool(*dev.backend, inline_config());
+  Pool pool(*dev.backend, cache_on(inline_config()));
   Worker w;
   w.run([&] {
     std::vector<DevPtr> small(4);
@@ -353,7 +359,7 @@ TEST(PoolLargeCache, CudaMallocOfAnotherSizeGetsTheSmallerParkedBlocks) {
 TEST(PoolLargeCache, FreeOnAnotherThreadIsNeitherLostNorHandedOutTwice) {
   TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated device";
-  Pool pool(*dev.backend, inline_config());
+  Pool pool(*dev.backend, cache_on(inline_config()));
   {
     Worker a, b;
     // Allocated on thread a (registered in a's arena), freed on thread b on another stream.
@@ -447,7 +453,7 @@ TEST(PoolLargeCache, OutOfMemoryDrainsBlocksParkedInAnotherThreadsArena) {
 TEST(PoolLargeCache, TrimAndReleaseIdleGiveParkedMemoryBack) {
   TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated device";
-  Pool pool(*dev.backend, inline_config());
+  Pool pool(*dev.backend, cache_on(inline_config()));
   DevPtr a = 0;
   ASSERT_EQ(pool.allocate(0, 64 * MiB, kS1, &a), Status::ok);
   ASSERT_EQ(pool.deallocate(a, kS1), Status::ok);
@@ -466,7 +472,7 @@ TEST(PoolLargeCache, TrimAndReleaseIdleGiveParkedMemoryBack) {
 TEST(PoolLargeCache, StatisticsCountParkedMemoryAsCachedNotAllocated) {
   TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated device";
-  Pool pool(*dev.backend, inline_config());
+  Pool pool(*dev.backend, cache_on(inline_config()));
   DevPtr a = 0, b = 0, small = 0;
   ASSERT_EQ(pool.allocate(0, 30 * MiB, kS1, &a), Status::ok);
   ASSERT_EQ(pool.allocate(0, 32 * MiB, kS1, &b), Status::ok);
@@ -514,7 +520,7 @@ TEST(PoolLargeCache, StatisticsCountParkedMemoryAsCachedNotAllocated) {
 TEST(PoolLargeCache, PeakAllocatedCountsBlocksServedFromTheArena) {
   TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated device";
-  Pool pool(*dev.backend, inline_config());
+  Pool pool(*dev.backend, cache_on(inline_config()));
   DevPtr a = 0, b = 0, c = 0;
   ASSERT_EQ(pool.allocate(0, 8 * MiB, kS1, &a), Status::ok);
   ASSERT_EQ(pool.deallocate(a, kS1), Status::ok);                     // parked
@@ -590,7 +596,7 @@ TEST(PoolLargeCache, ConcurrentStreamOrderedFreesNeverOverlap) {
   TestDevice dev = make_test_device({.capacity = 1 * GiB});
   if (dev.sim == nullptr) GTEST_SKIP() << "needs a small simulated device";
   {
-    Pool pool(*dev.backend, Config{});
+    Pool pool(*dev.backend, cache_on(Config{}));
     std::mutex mu;
     std::map<DevPtr, std::size_t> ranges;
     std::vector<std::pair<DevPtr, std::size_t>> handoff;  // freed by whichever thread takes them

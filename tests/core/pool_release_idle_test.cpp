@@ -36,7 +36,9 @@ TEST(PoolReleaseIdle, ReleasesAboutWhatIsAskedAndKeepsLiveBytes) {
   TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated device's usage accounting";
   TrimCounter obs;
-  Pool pool(*dev.backend, inline_config(), &obs);
+  Config config = inline_config();
+  config.fresh_handles = 0;  // handles of 2 MiB, so that "about" is within one handle
+  Pool pool(*dev.backend, config, &obs);
   // Four idle 64 MiB blocks and two live ones.
   std::vector<DevPtr> idle, live;
   for (int i = 0; i < 6; ++i) {

@@ -85,15 +85,16 @@ TEST(Pool, FreshLargeAllocationIsAtMost64HandlesAndOneSetAccess) {
 
 // A live block pins the free rest of every handle it touches, so fresh memory never comes in
 // handles above max_handle_mb (20 MiB by default), however large the request; without the cap
-// a gap is at most fresh_handles (64) handles.
+// a gap is at most fresh_handles (1) handles.
 TEST(Pool, FreshHandlesAreAtMostMaxHandleMb) {
-  TestDevice dev = make_test_device();
+  // A device large enough that its own cap (1/1024 of it, below) is above every case's.
+  TestDevice dev = make_test_device({.capacity = 1024 * GiB});
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend's call counters";
   struct Case {
     const char* conf;
     std::size_t creates;
   };
-  for (Case c : {Case{"", 103}, Case{"max_handle_mb:0", 64}, Case{"max_handle_mb:256", 64},
+  for (Case c : {Case{"", 103}, Case{"max_handle_mb:0", 2}, Case{"max_handle_mb:256", 8},
                  Case{"max_handle_mb:16", 128}, Case{"fresh_handles:16,max_handle_mb:0", 16}}) {
     ConfigResult r = parse_config(c.conf, inline_config());
     ASSERT_TRUE(r.errors.empty()) << c.conf;
@@ -109,6 +110,66 @@ TEST(Pool, FreshHandlesAreAtMostMaxHandleMb) {
       ASSERT_EQ(pool.deallocate(p), Status::ok);
     }
   }
+}
+
+// Blocks freed on one stream merge for that stream at once, as PyTorch's blocks of one stream do:
+// a request larger than either is served from the two, before any fence and without new memory.
+TEST(Pool, BlocksFreedOnOneStreamMergeForThatStreamAtOnce) {
+  SimOptions slow_fences;
+  slow_fences.call_ns[static_cast<std::size_t>(SimOp::synchronize)] = 200'000;
+  TestDevice dev = make_test_device(slow_fences);
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
+  Pool pool(*dev.backend, Config{});  // the reclaimer thread, as in a program
+  const Stream s = 0x51;
+  // One fence first, so that the pool knows fences are costly and does not wait for one below.
+  DevPtr warm = 0;
+  ASSERT_EQ(pool.allocate(0, 8 * MiB, s, &warm), Status::ok);
+  ASSERT_EQ(pool.deallocate(warm, s), Status::ok);
+  pool.drain_pending(0);
+  dev.sim->hold_device(true);  // a kernel runs: nothing freed from here on is fenced
+  DevPtr a = 0, b = 0, keep = 0;
+  ASSERT_EQ(pool.allocate(0, 48 * MiB, s, &a), Status::ok);
+  ASSERT_EQ(pool.allocate(0, 48 * MiB, s, &b), Status::ok);
+  ASSERT_EQ(pool.allocate(0, 48 * MiB, s, &keep), Status::ok);
+  ASSERT_EQ(b, a + 48 * MiB) << "the test needs neighbours";
+  stamp(dev, keep, 48 * MiB, 0x77);
+  ASSERT_EQ(pool.deallocate(b, s), Status::ok);
+  ASSERT_EQ(pool.deallocate(a, s), Status::ok);
+  const DeviceStats before = pool.stats(0);
+  DevPtr both = 0;
+  ASSERT_EQ(pool.allocate(0, 96 * MiB, s, &both), Status::ok);
+  EXPECT_EQ(both, a);
+  const DeviceStats after = pool.stats(0);
+  EXPECT_EQ(after.bytes_reserved, before.bytes_reserved) << "no new memory for the stream's own";
+  EXPECT_EQ(after.fresh, before.fresh);
+  stamp(dev, both, 96 * MiB, 0x99);
+  EXPECT_TRUE(check(dev, both, 96 * MiB, 0x99));
+  EXPECT_TRUE(check(dev, keep, 48 * MiB, 0x77));
+  // Another stream must not get that memory before a fence.
+  DevPtr other = 0;
+  ASSERT_EQ(pool.deallocate(both, s), Status::ok);
+  ASSERT_EQ(pool.allocate(0, 96 * MiB, 0x52, &other), Status::ok);
+  EXPECT_TRUE(other + 96 * MiB <= a || other >= a + 96 * MiB) << "reused before its fence";
+  dev.sim->hold_device(false);
+  ASSERT_EQ(pool.deallocate(other, 0x52), Status::ok);
+  ASSERT_EQ(pool.deallocate(keep, s), Status::ok);
+  pool.drain_pending(0);
+  EXPECT_EQ(pool.validate(0), "");
+}
+
+// On a small device handles are smaller still: at most 1/1024 of the device (4 MiB of 4 GiB), so
+// that what live blocks pin in the handles they touch stays a small part of the device.
+TEST(Pool, FreshHandlesAreAtMostAThousandthOfTheDevice) {
+  TestDevice dev = make_test_device({.capacity = 4 * GiB});
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend's call counters";
+  Pool pool(*dev.backend, inline_config());
+  const auto creates = dev.sim->calls(SimOp::create);
+  DevPtr p = 0;
+  ASSERT_EQ(pool.allocate(0, 1 * GiB, kAnyStream, &p), Status::ok);
+  EXPECT_EQ(dev.sim->calls(SimOp::create) - creates, 256u);
+  stamp(dev, p, 1 * GiB, 3);
+  EXPECT_TRUE(check(dev, p, 1 * GiB, 3));
+  ASSERT_EQ(pool.deallocate(p), Status::ok);
 }
 
 TEST(Pool, FreedBlockIsReusedFromCacheAfterFence) {

@@ -108,20 +108,22 @@ inline std::pair<int, std::string> run(const std::vector<std::string>& argv, int
 #ifdef PRELOAD  // tests that run no producers are built without the preload paths
 // The environment that runs preload_producer under libgpustitch.so on two simulated devices of
 // 1 GiB, publishing every publish_ms into records named prefix.*.
-inline std::vector<std::string> producer_env(const std::string& prefix, unsigned publish_ms = 20) {
+// conf: more GPUSTITCH_CONF keys, after (and so over) these.
+inline std::vector<std::string> producer_env(const std::string& prefix, unsigned publish_ms = 20,
+                                             const std::string& conf = "") {
   return {std::string("LD_PRELOAD=") + PRELOAD, std::string("LD_LIBRARY_PATH=") + CUDA_LIB_PATH,
           "GPUSTITCH_CONF=backend:sim,sim_devices:2,sim_capacity_mb:1024,publish_interval_ms:" +
-              std::to_string(publish_ms),
+              std::to_string(publish_ms) + (conf.empty() ? "" : "," + conf),
           "GPUSTITCH_SHM_PREFIX=" + prefix};
 }
 
 // Starts preload_producer with args; its pid once it printed "READY <pid>", else -1 (the child
 // is then killed and reaped).
 inline Child start_producer(const std::string& prefix, const std::vector<std::string>& args,
-                            int uid = -1, int gid = -1) {
+                            int uid = -1, int gid = -1, const std::string& conf = "") {
   std::vector<std::string> argv{PRELOAD_PRODUCER};
   argv.insert(argv.end(), args.begin(), args.end());
-  Child c = spawn(argv, producer_env(prefix), uid, gid);
+  Child c = spawn(argv, producer_env(prefix, 20, conf), uid, gid);
   if (c.pid <= 0) return c;
   if (read_line(c.out, 10000ms) != "READY " + std::to_string(c.pid)) {
     ::kill(c.pid, SIGKILL);

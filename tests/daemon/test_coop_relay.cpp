@@ -58,7 +58,8 @@ class CoopRelayTest : public ::testing::Test {
     return c;
   }
   // This process's record: one device on kGpu with `cached` idle bytes and `free` device free.
-  std::unique_ptr<shm::RecordWriter> own_record(std::uint64_t cached, std::uint64_t free) {
+  std::unique_ptr<shm::RecordWriter> own_record(std::uint64_t cached, std::uint64_t free,
+                                                std::uint64_t program = 0) {
     std::string why;
     auto w = shm::RecordWriter::create(shm::RecordWriter::self_name(g_.prefix), "/bin/own", "own",
                                        100, &why);
@@ -69,6 +70,8 @@ class CoopRelayTest : public ::testing::Test {
     d.bytes_cached = cached;
     d.device_free = free;
     d.device_total = 80ull << 30;
+    d.program_held_bytes = program;
+    d.program_mapped_bytes = program;
     std::memcpy(d.uuid, kGpu.data(), kGpu.size());
     w->publish({&d, 1}, shm::realtime_ns());
     return w;
@@ -94,6 +97,22 @@ TEST(CoopRelayConfig, FloorKey) {
   EXPECT_EQ(r.config.coop_floor_mb, 2048u);
   EXPECT_FALSE(parse_daemon_config("coop_floor_mb = lots\n").errors.empty());
   EXPECT_EQ(DaemonConfig{}.coop_floor_mb, 0u);
+}
+
+// Memory a process maps itself (cuMemCreate/cuMemMap) is on the GPU but not the pool's to give.
+TEST_F(CoopRelayTest, NeverAsksForMemoryTheProgramMappedItself) {
+  {
+    auto w = own_record(512ull << 20, 1ull << 30, 10ull << 30);
+    ProcessTable t(config());
+    t.sample();
+    auto plan = plan_release(t.processes(), kGpu, 8ull << 30);
+    ASSERT_EQ(plan.size(), 1u);
+    EXPECT_EQ(plan[0].bytes, 512ull << 20);
+  }
+  auto w = own_record(0, 1ull << 30, 10ull << 30);
+  ProcessTable t(config());
+  t.sample();
+  EXPECT_TRUE(plan_release(t.processes(), kGpu, 8ull << 30).empty());
 }
 
 TEST_F(CoopRelayTest, PlansLargestCacheFirstAndNeverMoreThanWanted) {

@@ -5,14 +5,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <map>
 #include <regex>
 #include <set>
+#include <sstream>
 
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
 #include "daemon_config.h"
+#include "gpu_fixture.h"
 #include "gpustitch/shm/json.h"
 #include "gpustitch/shm/metrics.h"
 #include "gpustitch/shm/record_writer.h"
@@ -273,10 +276,10 @@ TEST_F(TableTest, PrometheusExportsEveryMetricWithHelpTypeAndLabels) {
         << m.name;
   }
   std::string pid = std::to_string(::getpid());
-  EXPECT_NE(
-      text.find("gpustitch_allocated_bytes{pid=\"" + pid + "\",device=\"0\",uuid=\"\",user=\"" +
-                shm::user_name(::geteuid()) + "\",command=\"own --x\"} 1234\n"),
-      std::string::npos)
+  EXPECT_NE(text.find("gpustitch_allocated_bytes{pid=\"" + pid + "\",user=\"" +
+                      shm::user_name(::geteuid()) +
+                      "\",command=\"own --x\",cuda_device=\"0\",UUID=\"\",Hostname=\""),
+            std::string::npos)
       << text;
   EXPECT_NE(text.find("gpustitch_reserved_bytes{pid=\"" + pid), std::string::npos);
   EXPECT_NE(text.find("gpustitch_stitches_total{pid=\"" + pid), std::string::npos);
@@ -284,6 +287,8 @@ TEST_F(TableTest, PrometheusExportsEveryMetricWithHelpTypeAndLabels) {
   EXPECT_NE(text.find("\ngpustitch_processes 1\n"), std::string::npos);
   // Every sample line parses as name{labels} value.
   std::regex line(R"(^(# (HELP|TYPE) .*|[a-z_]+(\{[^}]*\})? [0-9.e+-]+)$)");
+  // A device without a UUID is no GPU's: no per-GPU series.
+  EXPECT_EQ(text.find("gpustitch_device_total_bytes{"), std::string::npos) << text;
   std::size_t start = 0;
   while (start < text.size()) {
     std::size_t nl = text.find('\n', start);
@@ -394,6 +399,181 @@ void end_children(const std::vector<pid_t>& pids) {
 }
 
 }  // namespace
+
+// Issue 20, item 15: series are a GPU's, not a device ordinal's. Three processes on three GPUs
+// that each call their GPU device 0 (CUDA_VISIBLE_DEVICES=N), a fourth on GPU 1 as well.
+
+namespace {
+
+const char* kGpuUuids[] = {"GPU-0a1b2c3d-0000-4000-8000-000000000000",
+                           "GPU-0a1b2c3d-1111-4000-8000-111111111111",
+                           "GPU-0a1b2c3d-2222-4000-8000-222222222222"};
+
+shm::DeviceCounters device_on(const char* uuid, int ordinal, std::uint64_t reserved,
+                              std::uint64_t free) {
+  shm::DeviceCounters d{};
+  std::array<std::uint8_t, shm::kUuidBytes> u{};
+  if (uuid) EXPECT_TRUE(shm::parse_uuid_text(uuid, &u));
+  std::copy(u.begin(), u.end(), d.uuid);
+  d.ordinal = ordinal;
+  d.bytes_reserved = reserved;
+  d.bytes_allocated = reserved / 2;
+  d.device_free = free;
+  d.device_total = 80ull << 30;
+  return d;
+}
+
+// A child that publishes these devices under prefix and waits; its pid once the record exists.
+pid_t devices_child(const std::string& prefix, std::vector<shm::DeviceCounters> devices) {
+  int pipefd[2];
+  if (::pipe(pipefd) != 0) return -1;
+  pid_t child = ::fork();
+  if (child == 0) {
+    std::string why;
+    auto w = shm::RecordWriter::create(shm::RecordWriter::self_name(prefix), "/bin/train",
+                                       "train.py", 1, &why);
+    if (w) w->publish({devices.data(), devices.size()}, shm::realtime_ns());
+    char c = w ? 'y' : 'n';
+    (void)!::write(pipefd[1], &c, 1);
+    ::pause();
+    ::_exit(0);
+  }
+  char c = 0;
+  bool ok = ::read(pipefd[0], &c, 1) == 1 && c == 'y';
+  ::close(pipefd[0]);
+  ::close(pipefd[1]);
+  if (!ok) {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, nullptr, 0);
+    return -1;
+  }
+  return child;
+}
+
+std::vector<std::string> lines_of(const std::string& text, const std::string& metric) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);)
+    if (l.rfind(metric + "{", 0) == 0 || l.rfind(metric + " ", 0) == 0) out.push_back(l);
+  return out;
+}
+
+}  // namespace
+
+TEST(GpuInventory, ReadsTheDriversListInBusOrder) {
+  // Created out of order: the index is the bus order, not the directory's.
+  test::GpuFixture gpus({{"0000:81:00.0", kGpuUuids[2], "NVIDIA H200", 2},
+                         {"0000:01:00.0", kGpuUuids[0], "NVIDIA H200", 0},
+                         {"0000:41:00.0", kGpuUuids[1], "NVIDIA A100-SXM4-80GB", 1}});
+  auto inv = shm::GpuInventory::read(gpus.dir());
+  ASSERT_EQ(inv.gpus().size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    std::array<std::uint8_t, shm::kUuidBytes> u{};
+    ASSERT_TRUE(shm::parse_uuid_text(kGpuUuids[i], &u));
+    const shm::GpuInfo* g = inv.find(u);
+    ASSERT_TRUE(g) << i;
+    EXPECT_EQ(g->index, i);
+    EXPECT_EQ(g->minor, i);
+  }
+  EXPECT_EQ(inv.gpus()[1].name, "NVIDIA A100-SXM4-80GB");
+  EXPECT_EQ(inv.gpus()[1].bus_id, "0000:41:00.0");
+  EXPECT_FALSE(inv.find(std::array<std::uint8_t, shm::kUuidBytes>{}));  // unknown UUID
+  EXPECT_TRUE(shm::GpuInventory::read(gpus.dir() + "/none").gpus().empty());
+  shm::GpuInfo g;
+  EXPECT_FALSE(shm::GpuInventory::parse_information("Model: x\nGPU UUID: GPU-zz\n", &g));
+  ASSERT_TRUE(shm::GpuInventory::parse_information(
+      "Model: \t\t Bad\x1b[2Jname\nGPU UUID: \t " + std::string(kGpuUuids[0]) + "\n", &g));
+  EXPECT_EQ(g.name, "Bad?[2Jname");  // no escape sequences into terminals or labels
+  EXPECT_EQ(g.minor, -1);
+}
+
+TEST_F(TableTest, PrometheusLabelsSeriesByGpuAndExportsGpuFiguresOnce) {
+  test::GpuFixture gpus({{"0000:81:00.0", kGpuUuids[2], "NVIDIA H200", 5},
+                         {"0000:01:00.0", kGpuUuids[0], "NVIDIA H200", 3},
+                         {"0000:41:00.0", kGpuUuids[1], "NVIDIA H200", 4}});
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 3; ++i)
+    pids.push_back(devices_child(g_.prefix, {device_on(kGpuUuids[i], 0, (i + 1) << 20, 70)}));
+  // Started last, so published last: GPU 1's free memory is this process's figure.
+  pids.push_back(devices_child(g_.prefix, {device_on(kGpuUuids[1], 0, 9 << 20, 60)}));
+  for (pid_t p : pids) ASSERT_GT(p, 0);
+  DaemonConfig c = config();
+  c.nvidia_gpus_dir = gpus.dir();
+  c.hostname = "node-7";
+  ProcessTable t(c);
+  t.sample();
+  ASSERT_EQ(t.processes().size(), 4u);
+  std::string text = format_prometheus(t);
+  end_children(pids);
+  for (int i = 0; i < 3; ++i) {
+    std::string gpu = "UUID=\"" + std::string(kGpuUuids[i]) + "\",gpu=\"" + std::to_string(i) +
+                      "\",device=\"nvidia" + std::to_string(i + 3) +
+                      "\",modelName=\"NVIDIA H200\",pci_bus_id=\"" +
+                      (i == 0   ? "0000:01:00.0"
+                       : i == 1 ? "0000:41:00.0"
+                                : "0000:81:00.0") +
+                      "\",Hostname=\"node-7\"";
+    EXPECT_NE(text.find("gpustitch_reserved_bytes{pid=\"" + std::to_string(pids[i]) + "\",user=\"" +
+                        shm::user_name(::geteuid()) + "\",command=\"train.py\",cuda_device=\"0\"," +
+                        gpu + "} " + std::to_string((i + 1) << 20) + "\n"),
+              std::string::npos)
+        << text;
+    // Per GPU, once, without the process's labels.
+    EXPECT_NE(text.find("gpustitch_device_total_bytes{" + gpu + "} " + std::to_string(80ull << 30) +
+                        "\n"),
+              std::string::npos)
+        << text;
+    EXPECT_NE(text.find("gpustitch_device_free_bytes{" + gpu + "} " + (i == 1 ? "60" : "70")),
+              std::string::npos)
+        << text;
+  }
+  EXPECT_EQ(lines_of(text, "gpustitch_device_total_bytes").size(), 3u) << text;
+  EXPECT_EQ(lines_of(text, "gpustitch_device_free_bytes").size(), 3u) << text;
+  EXPECT_EQ(lines_of(text, "gpustitch_reserved_bytes").size(), 4u) << text;
+  EXPECT_EQ(text.find("pid=\"" + std::to_string(pids[0]) + "\",device="), std::string::npos);
+
+  // The same through the socket: each device names its GPU.
+  Peer owner{::geteuid(), ::getegid(), ::getpid(), {}};
+  json list = json::parse(handle_request(R"({"cmd":"list","summary":true})", owner, t, c));
+  std::map<std::uint64_t, std::uint64_t> gpu_of;
+  for (const auto& p : list["processes"]) {
+    ASSERT_EQ(p["devices"].size(), 1u);
+    EXPECT_EQ(p["devices"][0]["gpu_name"], "NVIDIA H200");
+    gpu_of[p["pid"].get<std::uint64_t>()] = p["devices"][0]["gpu"].get<std::uint64_t>();
+  }
+  EXPECT_EQ(gpu_of, (std::map<std::uint64_t, std::uint64_t>{{std::uint64_t(pids[0]), 0},
+                                                            {std::uint64_t(pids[1]), 1},
+                                                            {std::uint64_t(pids[2]), 2},
+                                                            {std::uint64_t(pids[3]), 1}}));
+}
+
+// A record is its process's word. One that lists a device twice, or a GPU the driver does not
+// list, must neither make duplicate series (Prometheus drops the node's whole scrape over one)
+// nor borrow a listed GPU's labels.
+TEST_F(TableTest, PrometheusNeverExportsOneSeriesTwice) {
+  test::GpuFixture gpus({{"0000:01:00.0", kGpuUuids[0], "NVIDIA H200", 0}});
+  const char* unlisted = "GPU-53494d53-0000-0000-0000-000000000000";
+  pid_t child = devices_child(
+      g_.prefix, {device_on(kGpuUuids[0], 0, 1 << 20, 5), device_on(kGpuUuids[0], 0, 2 << 20, 5),
+                  device_on(unlisted, 1, 3 << 20, 5), device_on(nullptr, 2, 4 << 20, 5),
+                  device_on(nullptr, 2, 4 << 20, 5)});
+  ASSERT_GT(child, 0);
+  DaemonConfig c = config();
+  c.nvidia_gpus_dir = gpus.dir();
+  ProcessTable t(c);
+  t.sample();
+  std::string text = format_prometheus(t);
+  end_children({child});
+  auto reserved = lines_of(text, "gpustitch_reserved_bytes");
+  EXPECT_EQ(reserved.size(), 3u) << text;
+  std::set<std::string> label_sets;
+  for (const auto& l : reserved) label_sets.insert(l.substr(0, l.rfind(' ')));
+  EXPECT_EQ(label_sets.size(), reserved.size());
+  EXPECT_NE(text.find("UUID=\"" + std::string(unlisted) + "\",Hostname="), std::string::npos)
+      << text;
+  // Two GPUs with a UUID, one series each; the UUID-less device has none.
+  EXPECT_EQ(lines_of(text, "gpustitch_device_total_bytes").size(), 2u) << text;
+}
 
 // Stray names (here: claiming a uid that does not own the file, so they cannot be removed) are
 // judged once, not re-examined against /proc on every pass.

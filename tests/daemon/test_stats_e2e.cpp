@@ -17,6 +17,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 
 #include <gtest/gtest.h>
 
@@ -79,8 +80,11 @@ class StatsEndToEnd : public ::testing::Test {
     socket_ = dir_ + "/d.sock";
     port_ = free_port();
     config_ = dir_ + "/gpustitchd.conf";
+    // The node's GPUs: none until a test writes them (GpuFixture's format) and sends SIGHUP.
+    gpus_dir_ = dir_ + "/gpus";
     std::ofstream(config_) << "sample_interval_ms = 100\nhistory_seconds = 60\nrecord_prefix = "
-                           << g_.prefix << "\nlog_level = warn\n";
+                           << g_.prefix << "\nlog_level = warn\nnvidia_gpus_dir = " << gpus_dir_
+                           << "\nhostname = e2e-node\n";
     daemon_ = spawn({GPUSTITCHD, "--config", config_, "--socket", socket_, "--prometheus-port",
                      std::to_string(port_)});
     ASSERT_TRUE(eventually([&] { return query({{"cmd", "ping"}}).has_value(); }));
@@ -98,8 +102,10 @@ class StatsEndToEnd : public ::testing::Test {
     return shm::query_daemon(socket_, req, 2000, nullptr);
   }
   // A preload_producer with these allocation specs (see preload_producer.cpp), READY.
-  Child producer(std::vector<std::string> args, int uid = -1, int gid = -1) {
-    Child c = test::start_producer(g_.prefix, args, uid, gid);
+  // conf: more GPUSTITCH_CONF keys (sim_shared:NAME puts it on a named simulated GPU).
+  Child producer(std::vector<std::string> args, int uid = -1, int gid = -1,
+                 const std::string& conf = "") {
+    Child c = test::start_producer(g_.prefix, args, uid, gid, conf);
     EXPECT_GT(c.pid, 0) << "preload_producer did not start";
     producers_.push_back(c);
     return c;
@@ -115,7 +121,7 @@ class StatsEndToEnd : public ::testing::Test {
   }
 
   test::PrefixGuard g_;
-  std::string dir_, socket_, config_;
+  std::string dir_, socket_, config_, gpus_dir_;
   int port_ = 0;
   Child daemon_;
   std::vector<Child> producers_;
@@ -245,9 +251,9 @@ TEST_F(StatsEndToEnd, EveryProducerShowsWithItsFiguresAndKilledOnesAreReaped) {
   EXPECT_NE(metrics.find("HTTP/1.1 200"), std::string::npos);
   EXPECT_NE(metrics.find("\ngpustitch_processes " + std::to_string(kQuiet + kChurning) + "\n"),
             std::string::npos);
-  EXPECT_NE(
-      metrics.find("gpustitch_allocated_bytes{pid=\"" + std::to_string(one) + "\",device=\"0\""),
-      std::string::npos);
+  EXPECT_NE(metrics.find("gpustitch_allocated_bytes{pid=\"" + std::to_string(one) + "\",user="),
+            std::string::npos);
+  EXPECT_NE(metrics.find("\",cuda_device=\"1\",UUID=\"GPU-"), std::string::npos);
   EXPECT_NE(http_get(port_, "/nope").find("404"), std::string::npos);
 
   // SIGKILL the churning producers while they allocate and publish: detected and reaped within a
@@ -321,8 +327,126 @@ TEST_F(StatsEndToEnd, PoolOutOfMemoryShowsAsAnEventWithItsFigures) {
   auto [hrc, human] = run({GPUSTITCH_CLI, "show", std::to_string(c.pid), "--socket", socket_});
   EXPECT_NE(human.find("oom  dev 0  requested 32.0 GiB"), std::string::npos) << human;
   EXPECT_NE(http_get(port_, "/metrics")
-                .find("gpustitch_oom_total{pid=\"" + std::to_string(c.pid) + "\",device=\"0\""),
+                .find("gpustitch_oom_total{pid=\"" + std::to_string(c.pid) + "\",user="),
             std::string::npos);
+}
+
+// Issue 20, item 15: processes are shown by GPU, not by their own device ordinal. Three
+// producers on three simulated GPUs, each its own device 0 (as CUDA_VISIBLE_DEVICES=0, 1 and 2
+// make them), a fourth sharing GPU 1; the driver's list (a fixture) names the GPUs. Before, `top`
+// showed one "dev 0" line holding all four, and Prometheus labelled all four device="0".
+TEST_F(StatsEndToEnd, ProcessesAreGroupedByGpuWhateverTheirDeviceOrdinal) {
+  std::vector<std::string> names;
+  for (int g = 0; g < 3; ++g) names.push_back(g_.prefix + "gpu" + std::to_string(g));
+  struct Cleanup {
+    std::vector<std::string> names;
+    ~Cleanup() {
+      for (const auto& n : names)
+        ::unlink(("/dev/shm/gpustitch-sim." + std::to_string(::geteuid()) + "." + n).c_str());
+    }
+  } cleanup{names};
+  const int on_gpu[] = {0, 1, 2, 1};
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 4; ++i)
+    pids.push_back(producer({"0:" + std::to_string((i + 1) * 2048)}, -1, -1,
+                            "sim_devices:1,sim_shared:" + names[on_gpu[i]])
+                       .pid);
+  // The simulated GPUs' UUIDs, as the processes report them (from their first publish on that
+  // device on); the driver lists them in bus order.
+  std::map<pid_t, std::string> uuid_of;
+  ASSERT_TRUE(eventually([&] {
+    auto a = query({{"cmd", "list"}});
+    if (!a || (*a)["processes"].size() != 4u) return false;
+    uuid_of.clear();
+    for (const auto& p : (*a)["processes"]) {
+      if (p["devices"].empty() || p["devices"][0]["uuid"] == "") return false;
+      uuid_of[p["pid"].get<pid_t>()] = p["devices"][0]["uuid"].get<std::string>();
+    }
+    return true;
+  }));
+  EXPECT_EQ(uuid_of[pids[1]], uuid_of[pids[3]]);
+  EXPECT_NE(uuid_of[pids[0]], uuid_of[pids[1]]);
+  EXPECT_NE(uuid_of[pids[1]], uuid_of[pids[2]]);
+  std::filesystem::create_directory(gpus_dir_);
+  for (int g = 0; g < 3; ++g) {
+    std::string bus = "0000:" + std::to_string(1 + 4 * g) + "0:00.0";
+    std::filesystem::create_directory(gpus_dir_ + "/" + bus);
+    std::ofstream(gpus_dir_ + "/" + bus + "/information")
+        << "Model: \t\t NVIDIA H200\nGPU UUID: \t " << uuid_of[pids[g]] << "\nBus Location: \t "
+        << bus << "\nDevice Minor: \t " << g << "\n";
+  }
+  ::kill(daemon_.pid, SIGHUP);  // re-reads the driver's list
+  ASSERT_TRUE(eventually([&] {
+    auto a = query({{"cmd", "list"}});
+    if (!a) return false;
+    for (const auto& p : (*a)["processes"])
+      if (!p["devices"][0].contains("gpu")) return false;
+    return true;
+  }));
+
+  // top: one line per GPU, by its index and name, with the processes on it.
+  auto [trc, top] = run({GPUSTITCH_CLI, "top", "-n", "1", "--socket", socket_});
+  EXPECT_EQ(trc, 0) << top;
+  for (int g = 0; g < 3; ++g) {
+    std::string title = "GPU " + std::to_string(g) + " NVIDIA H200 (" + uuid_of[pids[g]] + ")\n";
+    std::size_t at = top.find(title);
+    ASSERT_NE(at, std::string::npos) << top;
+    const std::size_t from = at + title.size();
+    std::string line = top.substr(from, top.find('\n', from) - from);
+    // Allocated: 2 MiB (GPU 0), 4 + 8 MiB (GPU 1, two processes), 6 MiB (GPU 2).
+    const char* allocated[] = {" 2.00 MiB allocated", " 12.0 MiB allocated", " 6.00 MiB allocated"};
+    EXPECT_NE(line.find(allocated[g]), std::string::npos) << line;
+    EXPECT_NE(line.find(g == 1 ? " 2 procs" : " 1 procs"), std::string::npos) << line;
+  }
+  EXPECT_EQ(top.find("dev 0"), std::string::npos) << top;
+
+  // ps: the GPU column is the GPU's index, through the daemon and directly.
+  auto gpu_column = [&](const std::string& table) {
+    std::map<pid_t, std::string> m;
+    std::istringstream in(table);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream f(line);
+      std::string pid, user, gpu;
+      f >> pid >> user >> gpu;
+      m[std::stoi(pid)] = gpu;
+    }
+    return m;
+  };
+  std::map<pid_t, std::string> want;
+  for (int i = 0; i < 4; ++i) want[pids[i]] = std::to_string(on_gpu[i]);
+  auto [prc, ps] = run({GPUSTITCH_CLI, "ps", "--socket", socket_});
+  EXPECT_EQ(prc, 0);
+  EXPECT_EQ(gpu_column(ps), want) << ps;
+  Child direct = spawn({GPUSTITCH_CLI, "ps", "--direct", "--prefix", g_.prefix},
+                       {"GPUSTITCH_NVIDIA_GPUS_DIR=" + gpus_dir_});
+  std::string direct_ps;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(direct.out, buf, sizeof buf)) > 0;) direct_ps.append(buf, n);
+  ::close(direct.out);
+  ::waitpid(direct.pid, nullptr, 0);
+  EXPECT_EQ(gpu_column(direct_ps), want) << direct_ps;
+
+  // Prometheus: each process's series carry its GPU's labels; the GPU's own figures come once
+  // per GPU, not once per process.
+  std::string metrics = http_get(port_, "/metrics");
+  for (int i = 0; i < 4; ++i)
+    EXPECT_NE(metrics.find("gpustitch_reserved_bytes{pid=\"" + std::to_string(pids[i]) +
+                           "\",user=\"" + shm::user_name(::geteuid()) + "\","),
+              std::string::npos);
+  for (int g = 0; g < 3; ++g) {
+    std::string labels = "UUID=\"" + uuid_of[pids[g]] + "\",gpu=\"" + std::to_string(g) +
+                         "\",device=\"nvidia" + std::to_string(g) + "\",modelName=\"NVIDIA H200\"";
+    EXPECT_NE(metrics.find("gpustitch_device_total_bytes{" + labels), std::string::npos) << metrics;
+    EXPECT_NE(metrics.find("cuda_device=\"0\"," + labels), std::string::npos) << metrics;
+  }
+  std::size_t totals = 0;
+  for (std::size_t at = 0;
+       (at = metrics.find("\ngpustitch_device_total_bytes{", at)) != std::string::npos; ++at)
+    ++totals;
+  EXPECT_EQ(totals, 3u) << metrics;
+  EXPECT_NE(metrics.find("Hostname=\"e2e-node\""), std::string::npos);
 }
 
 // Another user: cannot read or write someone else's record, and the daemon and CLI show each

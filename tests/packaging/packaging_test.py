@@ -488,8 +488,9 @@ def step_manifests(c):
           f"/dev/shm, caps drop ALL + DAC_READ_SEARCH, FOWNER")
     for f in prom:
         doc = yaml.safe_load(open(f))
-        check(isinstance(doc, dict) and ("scrape_configs" in doc or "groups" in doc),
-              f"{f}: neither scrape_configs nor rule groups")
+        check(isinstance(doc, dict) and ("scrape_configs" in doc or "groups" in doc or
+                                         ("tests" in doc and "rule_files" in doc)),
+              f"{f}: neither scrape_configs, rule groups nor promtool rule tests")
     print(f"prometheus: {[os.path.basename(f) for f in prom]} parse")
     d = json.load(open(dash))
     check(d.get("panels") and d.get("title"), "dashboard without panels")

@@ -3,12 +3,21 @@
 ctest runs it twice with PYTHONPATH=python: under LD_PRELOAD=libgpustitch.so with
 GPUSTITCH_CONF=backend:sim ("loaded"), and without the library ("absent"). Allocations are made
 through the library's own gpustitch_malloc/gpustitch_free (no CUDA needed), and the package's
-figures are checked against them and against gpustitch_get_stats. Exit status 0 when all hold.
+figures are checked against them and against gpustitch_get_stats, and its snapshot() against the
+repository's snapshot check (tests/shared/trace/check_snapshot.py). Exit status 0 when all hold.
 """
 import ctypes
+import os
+import pickle
 import sys
+import tempfile
+import time
 
 import gpustitch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "shared",
+                                "trace"))
+import check_snapshot  # noqa: E402: the repository's check of PyTorch's snapshot structure
 
 MiB = 1 << 20
 
@@ -28,6 +37,7 @@ def loaded():
         proc.gpustitch_free(b, 16 * MiB, 0, None)
     stats = gpustitch.memory_stats(0)
     assert stats["allocated_bytes.all.current"] == 4 * 16 * MiB, stats
+    check_snapshot_of(blocks)
     assert stats["reserved_bytes.all.current"] >= 8 * 16 * MiB, stats
     assert stats["allocated_bytes.all.peak"] >= 8 * 16 * MiB, stats
     assert stats["gpustitch.live_blocks"] == 4, stats
@@ -51,6 +61,34 @@ def loaded():
             pass
 
 
+def check_snapshot_of(blocks):
+    """snapshot(path) writes memory_viz's pickle: the 4 live blocks in the segments and the
+    8 allocations and 4 frees made so far in device_traces, stamped in microseconds since the
+    epoch; snapshot() returns the same structure."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "snap.pickle")
+        assert gpustitch.snapshot(path) == path
+        with open(path, "rb") as f:
+            snap = pickle.load(f)
+    summary = check_snapshot.summarize(snap)
+    assert summary["blocks"] == 4 and summary["allocated"] == 4 * 16 * MiB, summary
+    assert summary["actions"] == {"alloc": 8, "free_requested": 4, "free_completed": 4}, summary
+    assert summary["alloc_sizes"] == [16 * MiB] * 8, summary
+    trace = snap["device_traces"][0]
+    assert [e["addr"] for e in trace if e["action"] == "alloc"] == blocks, trace
+    assert [e["addr"] for e in trace if e["action"] == "free_requested"] == blocks[::2], trace
+    now_us = time.time() * 1e6
+    first, last = summary["time_us"]
+    assert now_us - 60e6 < first <= last <= now_us + 1e6, (first, last, now_us)
+    again = gpustitch.snapshot()
+    assert check_snapshot.summarize(again)["actions"] == summary["actions"], again
+    try:
+        gpustitch.snapshot("/nonexistent-dir/snap.pickle")
+        raise AssertionError("an unwritable path was accepted")
+    except OSError as e:
+        assert "/nonexistent-dir/snap.pickle" in str(e), str(e)
+
+
 def absent():
     assert not gpustitch.is_active()
     try:
@@ -58,6 +96,12 @@ def absent():
         raise AssertionError("no error without the library")
     except gpustitch.NotLoadedError as e:
         assert "gpustitch run" in str(e), str(e)
+    try:
+        gpustitch.snapshot("/tmp/never-written.pickle")
+        raise AssertionError("snapshot() without the library")
+    except gpustitch.NotLoadedError as e:
+        assert "not loaded" in str(e) and "gpustitch run" in str(e), str(e)
+    assert not os.path.exists("/tmp/never-written.pickle")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 // `gpustitch run`: the environment it gives the program, that it execs (exit status passes
 // through), and end to end that the program really runs with the pool.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -150,15 +150,24 @@ TEST(RunCommand, ExitSummaryIsPrintedByDefault) {
 }
 
 // `gpustitch snapshot PID` of a running program: the pickle holds its live blocks (exact address
-// and size asked for) and the memory the pool keeps cached, as PyTorch's memory_viz reads it.
+// and size asked for) and the memory the pool keeps cached, as PyTorch's memory_viz reads it, and
+// its allocations and frees so far as the timeline (device_traces), with the stacks of the
+// sampled ones.
 TEST(RunCommand, SnapshotOfARunningProgramShowsItsLiveAndCachedMemory) {
   char dir[] = "/tmp/gpustitch-snapshot-XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
   const std::string out = std::string(dir) + "/snap.pickle";
-  Result r = subprocess::run({GPUSTITCH_CLI, "run", "--conf", "backend:sim,publish_interval_ms:20",
-                              "--", PROBE_PATH, "snapshot", GPUSTITCH_CLI, out},
-                             {kLibPath, std::string("XDG_RUNTIME_DIR=") + dir,
-                              "GPUSTITCH_SHM_PREFIX=snaptest" + std::to_string(getpid())});
+  const auto epoch_us = [] {
+    return std::chrono::duration_cast<std::chrono::microseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  };
+  const auto started_us = epoch_us();
+  Result r = subprocess::run(
+      {GPUSTITCH_CLI, "run", "--conf", "backend:sim,publish_interval_ms:20,sites_min_mb:2", "--",
+       PROBE_PATH, "snapshot", GPUSTITCH_CLI, out},
+      {kLibPath, std::string("XDG_RUNTIME_DIR=") + dir,
+       "GPUSTITCH_SHM_PREFIX=snaptest" + std::to_string(getpid())});
   ASSERT_EQ(r.status, 0) << r.err;
   ASSERT_NE(r.out.find("alloc_rc=0"), std::string::npos) << r.out;
   ASSERT_NE(r.out.find("snapshot_rc=0"), std::string::npos) << r.out << r.err;
@@ -169,6 +178,14 @@ TEST(RunCommand, SnapshotOfARunningProgramShowsItsLiveAndCachedMemory) {
   EXPECT_EQ(j["blocks"], 2);                    // the live ones
   EXPECT_EQ(j["allocated"], (3 << 20) + 4096);  // large blocks are cut at 512 B
   EXPECT_GE(j["segments"].get<int>(), 2);  // the 3 MiB with the cached memory beside it, the chunk
+  // The timeline: 3 MiB, 4 KiB and 8 MiB allocated, the 8 MiB freed; the two >= 2 MiB sampled.
+  EXPECT_EQ(j["alloc_sizes"], nlohmann::json::array({3 << 20, 4096, 8 << 20})) << check.out;
+  EXPECT_EQ(j["actions"]["free_requested"], 1) << check.out;
+  EXPECT_EQ(j["actions"]["free_completed"], 1) << check.out;
+  EXPECT_EQ(j["trace_frames"], 2) << check.out;
+  ASSERT_EQ(j["time_us"].size(), 2u) << check.out;
+  EXPECT_GE(j["time_us"][0].get<long long>(), started_us);  // microseconds since the epoch
+  EXPECT_LE(j["time_us"][1].get<long long>(), epoch_us());
   std::filesystem::remove_all(dir);
 }
 

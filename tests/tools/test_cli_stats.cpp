@@ -128,6 +128,49 @@ TEST_F(CliStats, PsTableUsesHumanUnits) {
   EXPECT_NE(out.find("trainer --epochs 3"), std::string::npos);
 }
 
+// Memory the program maps itself (cuMemCreate/cuMemMap, not served by the pool) has its own
+// column in ps, its own line in show, and its fields in --json.
+TEST_F(CliStats, ProgramMappedMemoryIsShownApartFromThePool) {
+  std::string why;
+  writer_ = shm::RecordWriter::create(shm::RecordWriter::self_name(g_.prefix), "/opt/jax",
+                                      "python train_jax.py", 100, &why);
+  ASSERT_TRUE(writer_) << why;
+  shm::DeviceCounters d{};
+  d.bytes_allocated = 1 * GiB;
+  d.bytes_reserved = 1 * GiB;
+  d.program_held_bytes = 6 * GiB;
+  d.program_created_bytes = 5 * GiB;
+  d.program_handles = 3;
+  d.program_mapped_bytes = 7 * GiB;
+  writer_->publish(std::span<const shm::DeviceCounters>(&d, 1), shm::realtime_ns());
+
+  auto [rc, out] = cli(with({"ps"}, src()));
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("PROGRAM-MAPPED"), std::string::npos) << out;
+  EXPECT_NE(out.find("6.00 GiB"), std::string::npos) << out;
+
+  auto [jrc, jout] = cli(with({"ps", "--json"}, src()));
+  ASSERT_EQ(jrc, 0);
+  const json j = json::parse(jout);
+  EXPECT_EQ(j["processes"][0]["devices"][0]["program_held_bytes"].get<std::uint64_t>(), 6 * GiB);
+  EXPECT_EQ(j["processes"][0]["layout_version"].get<std::uint32_t>(), shm::kLayoutVersion);
+
+  auto [src_, show] = cli(with({"show", std::to_string(::getpid())}, src()));
+  ASSERT_EQ(src_, 0) << show;
+  EXPECT_NE(show.find("mapped by the program itself 6.00 GiB"), std::string::npos) << show;
+  EXPECT_NE(show.find("handles 3 (5.00 GiB)"), std::string::npos) << show;
+  EXPECT_NE(show.find("address mapped 7.00 GiB"), std::string::npos) << show;
+
+  auto [sjrc, sjout] = cli(with({"show", std::to_string(::getpid()), "--json"}, src()));
+  ASSERT_EQ(sjrc, 0);
+  const json sj = json::parse(sjout);
+  const json& dev = sj["process"]["devices"][0];
+  EXPECT_EQ(dev["program_held_bytes"].get<std::uint64_t>(), 6 * GiB);
+  EXPECT_EQ(dev["program_created_bytes"].get<std::uint64_t>(), 5 * GiB);
+  EXPECT_EQ(dev["program_handles"].get<std::uint64_t>(), 3u);
+  EXPECT_EQ(dev["program_mapped_bytes"].get<std::uint64_t>(), 7 * GiB);
+}
+
 // A record cannot make the CLI write terminal escape sequences.
 TEST_F(CliStats, ControlCharactersInRecordsAreNeutralized) {
   publish_own("evil\x1b]2;owned\x07\x1b[2J");

@@ -122,6 +122,17 @@ void print_process(const json& answer, const std::string& source, int chart_widt
           {"trims",
            std::to_string(u64(d, "trims")) + " (" + human_bytes(u64(d, "trimmed_bytes")) + ")"},
           {"OOMs", std::to_string(u64(d, "ooms"))}});
+    // Memory the program maps itself with cuMemCreate/cuMemMap (XLA, expandable segments, NCCL):
+    // on the GPU and charged to the process, but not served by the pool and not releasable by it.
+    if (u64(p, "layout_version") != 0 && u64(p, "layout_version") < 3) {
+      line({{"mapped by the program itself",
+             "not reported (record layout " + std::to_string(u64(p, "layout_version")) + ")"}});
+    } else {
+      line({{"mapped by the program itself", human_bytes(u64(d, "program_held_bytes"))},
+            {"handles", std::to_string(u64(d, "program_handles")) + " (" +
+                            human_bytes(u64(d, "program_created_bytes")) + ")"},
+            {"address mapped", human_bytes(u64(d, "program_mapped_bytes"))}});
+    }
     if (u64(d, "coop_requests") + u64(d, "coop_asks") != 0) {
       line({{"coop gave", human_bytes(u64(d, "coop_given_bytes")) + " (" +
                               std::to_string(u64(d, "coop_gives")) + ")"},

@@ -1,5 +1,6 @@
 // gpustitch top: a refreshing view of every process using gpustitch (like gpustat -i / nvtop),
-// with per-device totals. Plain ANSI: clears the screen each refresh; `q` or Ctrl-C quits.
+// with per-GPU totals (by UUID, named by the driver's index and model where it lists the GPU).
+// Plain ANSI: clears the screen each refresh; `q` or Ctrl-C quits.
 #include <poll.h>
 #include <signal.h>
 #include <termios.h>
@@ -81,35 +82,67 @@ std::string render(const Fetched& f, const TopOptions& o) {
     if (o.sort == "pid") return u64(a, "pid") < u64(b, "pid");
     return device_sort_key(a, o.sort) > device_sort_key(b, o.sort);
   });
+  // One line per GPU, keyed by UUID: the device ordinal is each process's own (three processes
+  // with CUDA_VISIBLE_DEVICES=0, 1 and 2 all say device 0), the UUID is the GPU's. A device
+  // without a UUID cannot be matched with any other and gets a line of its own.
   struct Totals {
+    std::string title;
     std::uint64_t allocated = 0, reserved = 0, free = 0, total = 0, ooms = 0, procs = 0;
+    std::uint64_t heartbeat = 0;  // of the process whose device free/total the line shows
+    bool have_gpu = false;
+    std::uint64_t gpu = 0;
   };
-  std::map<std::uint64_t, Totals> per_device;
+  std::map<std::string, Totals> per_gpu;
   for (const auto& p : list)
     for (const auto& d : items(p, "devices")) {
-      auto& t = per_device[u64(d, "device")];
+      std::string uuid = str(d, "uuid");
+      std::string key = !uuid.empty() ? uuid
+                                      : "pid " + std::to_string(u64(p, "pid")) + " device " +
+                                            std::to_string(u64(d, "device"));
+      auto [it, fresh] = per_gpu.try_emplace(key);
+      Totals& t = it->second;
+      if (fresh) {
+        t.have_gpu = member(d, "gpu").is_number();
+        t.gpu = u64(d, "gpu");
+        std::string name = str(d, "gpu_name");
+        t.title = t.have_gpu ? "GPU " + std::to_string(t.gpu) + (name.empty() ? "" : " " + name) +
+                                   " (" + uuid + ")"
+                  : !uuid.empty() ? "GPU " + uuid
+                                  : key + " (no UUID)";
+      }
       t.allocated += u64(d, "bytes_allocated");
       t.reserved += u64(d, "bytes_reserved");
-      t.free = u64(d, "device_free");
-      t.total = u64(d, "device_total");
+      // Free memory changes all the time: show the figure the latest publisher saw.
+      std::uint64_t hb = u64(p, "heartbeat_ns");
+      if (fresh || hb >= t.heartbeat) {
+        t.heartbeat = hb;
+        t.free = u64(d, "device_free");
+        t.total = u64(d, "device_total");
+      }
       t.ooms += u64(d, "ooms");
       t.procs += 1;
     }
+  std::vector<const Totals*> gpus;
+  for (const auto& [key, t] : per_gpu) gpus.push_back(&t);
+  // GPUs the driver lists first, in index order; the others by UUID.
+  std::stable_sort(gpus.begin(), gpus.end(), [](const Totals* a, const Totals* b) {
+    if (a->have_gpu != b->have_gpu) return a->have_gpu;
+    return a->have_gpu && a->gpu < b->gpu;
+  });
   std::string out;
   char stamp[32];
   std::time_t now = std::time(nullptr);
   std::strftime(stamp, sizeof stamp, "%H:%M:%S", std::localtime(&now));
   out += "gpustitch top - " + std::string(stamp) + " - " + std::to_string(list.size()) +
          (list.size() == 1 ? " process" : " processes") + " (source: " + f.source + ")   q: quit\n";
-  for (const auto& [dev, t] : per_device) {
-    double used = t.total ? 1.0 - double(t.free) / double(t.total) : 0.0;
-    int bar = 30, filled = static_cast<int>(std::lround(used * bar));
-    out += "dev " + std::to_string(dev) + " [" + std::string(std::clamp(filled, 0, bar), '#') +
-           std::string(bar - std::clamp(filled, 0, bar), '.') + "] " +
-           human_bytes(t.total - std::min(t.free, t.total)) + " / " + human_bytes(t.total) +
-           " used   gpustitch: " + human_bytes(t.allocated) + " allocated, " +
-           human_bytes(t.reserved) + " reserved, " + std::to_string(t.ooms) + " OOMs, " +
-           std::to_string(t.procs) + " procs\n";
+  for (const Totals* t : gpus) {
+    double used = t->total ? 1.0 - double(t->free) / double(t->total) : 0.0;
+    int bar = 30, filled = std::clamp(static_cast<int>(std::lround(used * bar)), 0, bar);
+    out += t->title + "\n    [" + std::string(filled, '#') + std::string(bar - filled, '.') + "] " +
+           human_bytes(t->total - std::min(t->free, t->total)) + " / " + human_bytes(t->total) +
+           " used   gpustitch: " + human_bytes(t->allocated) + " allocated, " +
+           human_bytes(t->reserved) + " reserved, " + std::to_string(t->ooms) + " OOMs, " +
+           std::to_string(t->procs) + " procs\n";
   }
   out += "\n";
   out += format_table(process_rows(nlohmann::json(list), true), kProcessRowAlign, terminal_width());

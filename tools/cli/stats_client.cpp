@@ -73,10 +73,11 @@ Fetched fetch_list(const SourceOptions& opts, bool summary) {
   Fetched f;
   if (ask_daemon(opts, json{{"cmd", "list"}, {"summary", summary}}, &f)) return f;
   f.source = "direct";
-  f.answer = json{{"ok", true},
-                  {"processes", shm::scan_processes_json(record_prefix(opts),
-                                                         summary ? shm::JsonDetail::summary
-                                                                 : shm::JsonDetail::counters)}};
+  json processes = shm::scan_processes_json(
+      record_prefix(opts), summary ? shm::JsonDetail::summary : shm::JsonDetail::counters);
+  const shm::GpuInventory gpus = shm::GpuInventory::read(shm::gpus_dir_from_environment());
+  for (auto& p : processes) shm::add_gpu_fields(p, gpus);
+  f.answer = json{{"ok", true}, {"processes", std::move(processes)}};
   return f;
 }
 
@@ -104,6 +105,7 @@ Fetched fetch_show(const SourceOptions& opts, long pid, unsigned history_seconds
       f.error = name.path() + ": " + shm::to_string(err);
       return f;
     }
+    shm::add_gpu_fields(*j, shm::GpuInventory::read(shm::gpus_dir_from_environment()));
     f.answer = json{{"ok", true}, {"process", std::move(*j)}, {"history", json::array()}};
     return f;
   }
@@ -254,7 +256,7 @@ void print_json(const json& j) {
   std::cout << terminal_json(j.dump(2, ' ', false, json::error_handler_t::replace)) << "\n";
 }
 
-const std::vector<bool> kProcessRowAlign = {true, false, true, true, true,
+const std::vector<bool> kProcessRowAlign = {true, false, true, true, true, true,
                                             true, true,  true, true, false};
 
 namespace {
@@ -263,6 +265,9 @@ namespace {
 struct DeviceLine {
   std::uint64_t device = 0, allocated = 0, reserved = 0, largest_free = 0, stitches = 0, ooms = 0;
   double fragmentation = 0;
+  // Memory the program maps itself (cuMemCreate/cuMemMap), which the pool does not serve.
+  std::uint64_t program = 0;
+  std::optional<std::uint64_t> gpu;  // the GPU's index (nvidia-smi's), when the driver lists it
 };
 struct ProcessLine {
   std::uint64_t pid = 0;
@@ -270,8 +275,14 @@ struct ProcessLine {
   std::vector<DeviceLine> devices;
 };
 
+// The GPU column: the GPU's index where the driver lists it; else the process's own device
+// ordinal, marked ("cuda0"), which is not a GPU index (CUDA_VISIBLE_DEVICES renumbers).
+std::string gpu_column(std::optional<std::uint64_t> gpu, std::uint64_t ordinal) {
+  return gpu ? std::to_string(*gpu) : "cuda" + std::to_string(ordinal);
+}
+
 std::vector<std::string> header_row() {
-  return {"PID",  "USER",         "DEV",      "ALLOCATED", "RESERVED",
+  return {"PID",  "USER",         "GPU",      "ALLOCATED", "RESERVED", "PROGRAM-MAPPED",
           "FRAG", "LARGEST FREE", "STITCHES", "OOMS",      "COMMAND"};
 }
 
@@ -279,13 +290,14 @@ void append_rows(const ProcessLine& p, std::vector<std::vector<std::string>>* ro
   std::string pid = std::to_string(p.pid);
   const std::string& cmd = p.command.empty() ? p.exe : p.command;
   if (p.devices.empty()) {
-    rows->push_back({pid, p.user, "-", "-", "-", "-", "-", "-", "-", cmd});
+    rows->push_back({pid, p.user, "-", "-", "-", "-", "-", "-", "-", "-", cmd});
     return;
   }
   for (const auto& d : p.devices)
-    rows->push_back({pid, p.user, std::to_string(d.device), human_bytes(d.allocated),
-                     human_bytes(d.reserved), percent(d.fragmentation), human_bytes(d.largest_free),
-                     std::to_string(d.stitches), std::to_string(d.ooms), cmd});
+    rows->push_back({pid, p.user, gpu_column(d.gpu, d.device), human_bytes(d.allocated),
+                     human_bytes(d.reserved), human_bytes(d.program), percent(d.fragmentation),
+                     human_bytes(d.largest_free), std::to_string(d.stitches),
+                     std::to_string(d.ooms), cmd});
 }
 
 // Reads the daemon's list answer ({"ok":..,"error":..,"processes":[{..,"devices":[{..}]}]}) as a
@@ -363,11 +375,13 @@ class TableReader final : public nlohmann::json_sax<json> {
     if (depth_ != 5 || !in_devices_ || line_.devices.empty()) return true;
     DeviceLine& d = line_.devices.back();
     if (key_ == "device") d.device = u;
+    if (key_ == "gpu") d.gpu = u;
     if (key_ == "bytes_allocated") d.allocated = u;
     if (key_ == "bytes_reserved") d.reserved = u;
     if (key_ == "largest_free_block") d.largest_free = u;
     if (key_ == "stitches") d.stitches = u;
     if (key_ == "ooms") d.ooms = u;
+    if (key_ == "program_held_bytes") d.program = u;
     if (key_ == "fragmentation") d.fragmentation = f;
     return true;
   }
@@ -391,9 +405,11 @@ std::vector<std::vector<std::string>> process_rows(const json& processes, bool h
     line.command = str(p, "command");
     line.exe = str(p, "exe");
     for (const auto& d : items(p, "devices"))
-      line.devices.push_back({u64(d, "device"), u64(d, "bytes_allocated"), u64(d, "bytes_reserved"),
-                              u64(d, "largest_free_block"), u64(d, "stitches"), u64(d, "ooms"),
-                              f64(d, "fragmentation")});
+      line.devices.push_back(
+          {u64(d, "device"), u64(d, "bytes_allocated"), u64(d, "bytes_reserved"),
+           u64(d, "largest_free_block"), u64(d, "stitches"), u64(d, "ooms"),
+           f64(d, "fragmentation"), u64(d, "program_held_bytes"),
+           member(d, "gpu").is_number() ? std::optional(u64(d, "gpu")) : std::nullopt});
     append_rows(line, &rows);
   }
   return rows;
@@ -441,15 +457,19 @@ Fetched fetch_table(const SourceOptions& opts, std::vector<std::vector<std::stri
   }
   f.source = "direct";
   rows->push_back(header_row());
+  const shm::GpuInventory gpus = shm::GpuInventory::read(shm::gpus_dir_from_environment());
   shm::scan_processes(
       record_prefix(opts), [&](const shm::RecordReader& reader, const shm::SnapshotCopy& snap) {
         const shm::ProcessIdentity& id = reader.identity();
         ProcessLine line{
             static_cast<std::uint64_t>(id.pid), shm::user_name(id.uid), id.cmdline, id.exe, {}};
-        for (const auto& d : snap.devices)
+        for (const auto& d : snap.devices) {
+          const shm::GpuInfo* g = gpus.find(d.uuid);
           line.devices.push_back({static_cast<std::uint64_t>(std::max<std::int64_t>(0, d.ordinal)),
                                   d.bytes_allocated, d.bytes_reserved, d.largest_free_block,
-                                  d.stitches, d.ooms, d.fragmentation()});
+                                  d.stitches, d.ooms, d.fragmentation(), d.program_held_bytes,
+                                  g ? std::optional<std::uint64_t>(g->index) : std::nullopt});
+        }
         append_rows(line, rows);
         ++*processes;
       });

@@ -36,6 +36,9 @@ def main():
         total += float(cp.abs(f).sum())
         n_arrays += 6
     cp.cuda.Device().synchronize()
+    # Byte accounting for the matrix (matrix_bytes.py) while this memory is live.
+    import matrix_bytes
+    matrix_bytes.report("cupy")
     wall_ms = (time.perf_counter() - t0) * 1000
     ok = math.isfinite(total)
     print(f"{'PASS' if ok else 'FAIL'}: cupy_check (cupy {cp.__version__}, pool disabled, "

@@ -69,6 +69,9 @@ def main():
     for n in (128, 512, 1024, 2048):
         a = jax.random.normal(jax.random.PRNGKey(n), (n, n))
         total += float(math_block(a)) / n
+    # Byte accounting for the matrix (matrix_bytes.py) while this memory is live.
+    import matrix_bytes
+    matrix_bytes.report("jax")
     wall_ms = (time.perf_counter() - t0) * 1000
     ok = all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
     print(f"loss {losses[0]:.6f} -> {losses[-1]:.6f}")

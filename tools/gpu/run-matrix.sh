@@ -3,7 +3,11 @@
 #
 # Runs each program natively and under the shim, compares their checksums (or losses), and writes
 # a markdown table: program, configuration, result (native / shim), checksum match, wall time of
-# both runs, and the evidence that the pool served the shim run's allocations.
+# both runs, the evidence that the pool served the shim run's allocations, and the shim run's
+# bytes (matrix_bytes.py): pool-served and pool-held bytes, memory the program mapped itself,
+# NVML's per-process used memory and the framework's live bytes. A row passes only when the bytes
+# agree (pool held + program held within 10% + 600 MiB of NVML) and the pool served at least the
+# framework's live bytes; the rows also go to <out without .md>.json.
 #
 #   tools/gpu/run-matrix.sh [--build DIR] [--lib PATH] [--conf K:V,...] [--out FILE]
 #                           [--logs DIR] [--only REGEX] [--quick]
@@ -12,7 +16,8 @@
 #   --lib    libgpustitch.so (default: $GPUSTITCH_LIB, else BUILD/preload/libgpustitch.so)
 #   --conf   GPUSTITCH_CONF for the shim runs (default: log_level:info, which makes the shim
 #            print its summary on stderr at exit)
-#   --out    the markdown table (default: $OUT/matrix.md if $OUT is set, else ./matrix.md)
+#   --out    the markdown table (default: $OUT/matrix.md if $OUT is set, else ./matrix.md); the
+#            byte figures of every row go to the same name with .json
 #   --logs   where each run's stdout/stderr go (default: <out without .md>-logs/)
 #   --only   run only rows whose "program config" matches this extended regex
 #   --quick  fewer iterations and steps (a smoke run)
@@ -46,7 +51,7 @@ while (($#)); do
     --logs) LOGDIR=$2; shift 2 ;;
     --only) ONLY=$2; shift 2 ;;
     --quick) QUICK=1; shift ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "run-matrix: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -55,7 +60,11 @@ done
 [[ $LIB = /* ]] || LIB=$ROOT/$LIB
 [[ -n $OUTFILE ]] || OUTFILE=${OUT:-.}/matrix.md
 [[ -n $LOGDIR ]] || LOGDIR=${OUTFILE%.md}-logs
+JSONFILE=${OUTFILE%.md}.json
 mkdir -p "$(dirname "$OUTFILE")" "$LOGDIR"
+echo "[]" >"$JSONFILE"
+# The check programs read their own statistics record with the CLI (matrix_bytes.py).
+export GPUSTITCH_CLI=${GPUSTITCH_CLI:-$BUILD/tools/gpustitch}
 export PYTHONUNBUFFERED=1
 
 HAVE_LIB=0
@@ -128,8 +137,8 @@ FAILS=0
   ((HAVE_LIB)) || echo "**libgpustitch.so not found at $LIB: shim runs skipped**"
   echo
   echo "| program | config | result (native / shim) | checksum match | time native (s) |" \
-       "time shim (s) | pool-served evidence (shim stderr) |"
-  echo "| --- | --- | --- | --- | --- | --- | --- |"
+       "time shim (s) | pool-served evidence (shim stderr) | bytes (shim run) |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
 } >"$OUTFILE"
 
 # row NAME CONFIG TOL NATIVE_ENV SHIM_ENV NATIVE_CMD SHIM_CMD (env and cmds as strings of words)
@@ -150,7 +159,7 @@ row() {
   n_v=$(verdict "$LOGDIR/$tag.native.out" "$n_rc")
   n_sum=$(field checksum "$LOGDIR/$tag.native.out")
   n_ms=$(field wall_ms "$LOGDIR/$tag.native.out")
-  local s_v="skipped" s_sum="" s_ms="" s_s="-" evidence="-"
+  local s_v="skipped" s_sum="" s_ms="" s_s="-" evidence="-" bytes="-" bytes_rc=3
   if ((HAVE_LIB)); then
     echo "run-matrix: $name [$config] shim" >&2
     run_one "$LOGDIR/$tag.shim" "${s_env[@]}" -- "${s_cmd[@]}"
@@ -159,15 +168,19 @@ row() {
     s_sum=$(field checksum "$LOGDIR/$tag.shim.out")
     s_ms=$(field wall_ms "$LOGDIR/$tag.shim.out")
     evidence=$(pool_evidence "$LOGDIR/$tag.shim.err")
+    bytes=$($PY tools/gpu/matrix_bytes.py row --name "$name" --config "$config" \
+      --log "$LOGDIR/$tag.shim.out" --json "$JSONFILE")
+    bytes_rc=$?
   fi
   local match
   match=$(same "$n_sum" "$s_sum" "$tol")
-  [[ $n_v == PASS && ( $s_v == PASS || $s_v == skipped ) && $match != DIFFERENT* ]] ||
-    FAILS=$((FAILS + 1))
+  # bytes_rc: 0 agree, 1 disagree, 3 not measured (programs without a framework's accounting).
+  [[ $n_v == PASS && ( $s_v == PASS || $s_v == skipped ) && $match != DIFFERENT* &&
+     $bytes_rc != 1 ]] || FAILS=$((FAILS + 1))
   ROWS=$((ROWS + 1))
-  printf '| %s | %s | %s / %s | %s | %s (run %s ms) | %s (run %s ms) | %s |\n' \
+  printf '| %s | %s | %s / %s | %s | %s (run %s ms) | %s (run %s ms) | %s | %s |\n' \
     "$name" "$config" "$n_v" "$s_v" "$match" "$n_s" "${n_ms:--}" "$s_s" "${s_ms:--}" \
-    "$evidence" >>"$OUTFILE"
+    "$evidence" "$bytes" >>"$OUTFILE"
 }
 
 MS=$BUILD/tools/gpu/gpu_multistream
@@ -205,4 +218,7 @@ row jax_check "XLA_PYTHON_CLIENT_ALLOCATOR=platform" 1e-7 "$JAX_ENV" "$JAX_ENV $
   echo "$ROWS rows, $FAILS not passing."
 } >>"$OUTFILE"
 cat "$OUTFILE"
+echo
+$PY tools/gpu/matrix_bytes.py table --json "$JSONFILE"
+echo "byte figures: $JSONFILE"
 ((FAILS == 0))

@@ -102,6 +102,9 @@ def main():
     except Exception as e:  # pluggable allocators keep no statistics
         print(f"memory statistics unavailable: {e}")
 
+    # Byte accounting for the matrix (matrix_bytes.py) while this memory is live.
+    import matrix_bytes
+    matrix_bytes.report("torch")
     ok = all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
     print(f"final_loss: {losses[-1]:.6f}")
     print(f"{'PASS' if ok else 'FAIL'}: torch_train ({args.steps} steps, loss "

@@ -105,6 +105,11 @@ bool ExpandableSegmentsModel::map_block(BlockPool& pool, Block* b, std::size_t s
   reserved_ += bytes;
   peak_reserved_ = std::max(peak_reserved_, reserved_);
   ++maps_;
+  for (std::size_t p = 0; p < bytes / pool.page; ++p) {
+    cost_.create(pool.page);
+    cost_.map();
+    cost_.set_access_handle(pool.page);
+  }
   pool.unmapped.erase(b);
   b->mapped = true;
   if (bytes < b->size) {
@@ -147,6 +152,10 @@ void ExpandableSegmentsModel::unmap_block(BlockPool& pool, Block* b) {
   pool.free.erase(b);
   reserved_ -= end - begin;
   ++unmaps_;
+  for (std::uint64_t p = 0; p < (end - begin) / pool.page; ++p) {
+    cost_.unmap();
+    cost_.release(pool.page);
+  }
   if (begin > b->addr) {
     auto* before = new Block{b->addr, begin - b->addr, b->stream, b->small, true};
     before->prev = b->prev;
@@ -275,11 +284,18 @@ std::uint64_t ExpandablePolicy::peak_reserved(int device) const {
 
 std::vector<std::pair<std::string, std::uint64_t>> ExpandablePolicy::counters(int devices) const {
   std::uint64_t maps = 0, unmaps = 0;
+  DriverCost cost;
   for (int d = 0; d < devices && d < static_cast<int>(devices_.size()); ++d) {
-    maps += devices_[static_cast<std::size_t>(d)]->maps();
-    unmaps += devices_[static_cast<std::size_t>(d)]->unmaps();
+    const ExpandableSegmentsModel& m = *devices_[static_cast<std::size_t>(d)];
+    maps += m.maps();
+    unmaps += m.unmaps();
+    const DriverCost& c = m.driver_cost();
+    cost.us += c.us, cost.creates += c.creates, cost.maps += c.maps, cost.unmaps += c.unmaps;
+    cost.releases += c.releases, cost.access_handles += c.access_handles;
   }
-  return {{"maps", maps}, {"unmaps", unmaps}};
+  std::vector<std::pair<std::string, std::uint64_t>> out = {{"maps", maps}, {"unmaps", unmaps}};
+  for (auto& c : cost.counters()) out.push_back(std::move(c));
+  return out;
 }
 
 namespace {

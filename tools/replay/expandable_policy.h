@@ -29,6 +29,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "driver_cost.h"
 #include "policy.h"
 
 namespace gpustitch::replay {
@@ -50,6 +51,9 @@ class ExpandableSegmentsModel {
   std::uint64_t maps() const noexcept { return maps_; }            // map calls (num_device_alloc)
   std::uint64_t unmaps() const noexcept { return unmaps_; }        // unmap calls (num_device_free)
   std::uint64_t segments() const noexcept { return segments_; }    // address ranges reserved
+  // Its driver calls: a handle created, mapped and granted access per page mapped, unmapped and
+  // released per page unmapped.
+  const DriverCost& driver_cost() const noexcept { return cost_; }
   // The largest mapped free block (any stream, either pool).
   std::uint64_t largest_free_block() const noexcept;
 
@@ -108,6 +112,7 @@ class ExpandableSegmentsModel {
   std::uint64_t next_addr_ = 1ull << 44;
   std::uint64_t reserved_ = 0, peak_reserved_ = 0, allocated_ = 0;
   std::uint64_t maps_ = 0, unmaps_ = 0, segments_ = 0;
+  DriverCost cost_;
 };
 
 class ExpandablePolicy final : public ReplayPolicy {

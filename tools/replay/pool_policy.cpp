@@ -9,6 +9,7 @@
 
 #include <algorithm>
 
+#include "driver_cost.h"
 #include "policy.h"
 
 namespace gpustitch::replay {
@@ -20,7 +21,7 @@ class PoolPolicy final : public ReplayPolicy {
   PoolPolicy(std::string name, std::unique_ptr<Backend> backend, const Config& config)
       : name_(std::move(name)),
         stitching_(config.stitching),
-        backend_(std::move(backend)),
+        backend_(std::make_unique<CostedBackend>(std::move(backend))),
         pool_(*backend_, config) {}
 
   static std::unique_ptr<ReplayPolicy> make(std::string name, const PolicyEnv& env, bool stitching,
@@ -81,7 +82,10 @@ class PoolPolicy final : public ReplayPolicy {
       const DeviceStats s = pool_.stats(d);
       hits += s.cache_hits, fresh += s.fresh, stitches += s.stitches, trims += s.trims;
     }
-    return {{"cache_hits", hits}, {"fresh", fresh}, {"stitches", stitches}, {"trims", trims}};
+    std::vector<std::pair<std::string, std::uint64_t>> out = {
+        {"cache_hits", hits}, {"fresh", fresh}, {"stitches", stitches}, {"trims", trims}};
+    for (auto& c : backend_->cost().counters()) out.push_back(std::move(c));
+    return out;
   }
 
  private:
@@ -100,7 +104,7 @@ class PoolPolicy final : public ReplayPolicy {
   }
   std::string name_;
   bool stitching_;
-  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<CostedBackend> backend_;  // every driver call, counted and costed
   Pool pool_;
 };
 

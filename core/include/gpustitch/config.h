@@ -36,15 +36,23 @@ struct Config {
   // of segment_mb, or of 1/fresh_handles of the range it backs when that is larger (0: no limit),
   // but none larger than max_handle_mb (0: no limit), as expandable segments' 20 MiB pages: a
   // live block pins the free rest of every handle it touches.
+  // The default, 1: fresh memory comes in handles of max_handle_mb (20 MiB, expandable segments'
+  // page), the last one smaller. On the H200 (tools/gpu/memory_compare.sh, three rounds) that ran
+  // GPT and HF Llama training 9% and 15% faster than expandable segments, where 4 handles per
+  // range ran 2% slower and 64 (the old default) 2-20% slower, for 0.2-1% less memory than 1.
+  // In replay, 64 handles spent 5-8x expandable segments' time in driver calls.
   std::size_t segment_size = 2 * MiB;  // segment_mb
-  unsigned fresh_handles = 64;         // fresh_handles
+  unsigned fresh_handles = 1;          // fresh_handles
   std::size_t max_handle = 20 * MiB;   // max_handle_mb
   // Frees wait for device work on a background thread (thread), or only when an allocation
   // needs their memory (inline: deterministic, for tests and replay).
   bool background_reclaim = true;  // reclaim:thread|inline
   // Large blocks freed on a stream (cudaFreeAsync) are kept, up to this many bytes (and 32
-  // blocks) per thread arena, for the same stream to reuse without the device lock. 0 = off.
-  std::size_t large_cache = 256 * MiB;  // large_cache_mb
+  // blocks) per thread arena, for the same stream to reuse without the device lock. 0 = off, the
+  // default: parked blocks merge with nothing, and in replay of the training traces the cache
+  // raised peak reserved memory by 2-14% (stream order) for lock traffic that a single-threaded
+  // framework does not have. Programs that allocate large blocks from many threads turn it on.
+  std::size_t large_cache = 0;  // large_cache_mb
   // --- simulated backend --------------------------------------------------------------------
   std::size_t sim_capacity = 80 * GiB;    // sim_capacity_mb
   std::size_t sim_granularity = 2 * MiB;  // sim_granularity_kb
@@ -62,6 +70,9 @@ struct Config {
   unsigned publish_interval_ms = 100;  // publish_interval_ms
   std::size_t sites_min_size = 0;      // sites_min_mb: capture stacks at/above (0=off)
   unsigned sites_sample = 0;           // sites_sample: capture 1 in K (0=off)
+  // Recent allocation events kept in memory for the timeline of snapshots (memory_viz's
+  // device_traces), 64 bytes each, preallocated. 0 = off.
+  std::size_t trace_events = 10000;  // trace_events:N
   // Cooperative release between processes sharing a GPU (docs/coop.md): give idle cached memory
   // to a neighbour about to run out, and ask neighbours before reporting out-of-memory.
   bool coop = true;            // coop:on|off (off: neither gives nor asks)

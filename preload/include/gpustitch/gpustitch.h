@@ -75,6 +75,14 @@ long long gpustitch_trim(int device);
 /* Devices the pool serves (0 when it is not active). */
 int gpustitch_device_count(void);
 
+/* Writes a PyTorch memory snapshot of this process to path (the pickle
+ * torch.cuda.memory._dump_snapshot() writes and pytorch.org/memory_viz reads): the pool's segments
+ * and blocks, and the recent allocation events (trace_events) as device_traces, with stacks where
+ * allocation sites are sampled. Written to path.tmp, then renamed. Returns 0 on success, -1 if the
+ * pool is not active, -2 if the file could not be written; on failure error (if not NULL) receives
+ * a NUL-terminated reason, cut to error_size bytes. */
+int gpustitch_snapshot(const char* path, char* error, size_t error_size);
+
 /* The library version, e.g. "0.1.0". */
 const char* gpustitch_version(void);
 

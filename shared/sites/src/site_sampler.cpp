@@ -89,6 +89,10 @@ bool internal_frame(void* pc, const SiteFrame& f) {
 }
 
 thread_local unsigned t_countdown = 0;
+// The allocation this thread sampled last while on_allocate reports it (see last_sampled_site):
+// cleared on every allocation, so a stale entry never names a later, unsampled one.
+thread_local DevPtr t_last_ptr = 0;
+thread_local std::uint64_t t_last_site = 0;
 
 }  // namespace
 
@@ -157,6 +161,7 @@ bool SiteSampler::should_sample(std::size_t size) noexcept {
 }
 
 void SiteSampler::on_allocate(int, DevPtr ptr, std::size_t size, Stream, ServedBy) noexcept {
+  t_last_ptr = 0;
   if (!should_sample(size)) return;
   // Start the stack at our caller: the frames of capture_stack and of this function are dropped
   // by finding our own return address among the first few captured ones.
@@ -192,6 +197,12 @@ void SiteSampler::on_allocate(int, DevPtr ptr, std::size_t size, Stream, ServedB
     // Out of host memory: this allocation goes unattributed; the program is unaffected.
   }
   sampled_.fetch_add(1, std::memory_order_relaxed);
+  t_last_ptr = ptr;
+  t_last_site = h;
+}
+
+std::uint64_t SiteSampler::last_sampled_site(DevPtr ptr) noexcept {
+  return t_last_ptr == ptr && ptr != 0 ? t_last_site : 0;
 }
 
 void SiteSampler::on_free(int, DevPtr ptr, std::size_t, Stream) noexcept {
@@ -270,6 +281,13 @@ std::vector<SiteFrame> SiteSampler::frames_of(DevPtr ptr) const {
     if (it == sh.live.end()) return {};
     site = it->second.site;
   }
+  std::lock_guard lock(sites_mu_);
+  auto it = sites_.find(site);
+  if (it == sites_.end()) return {};
+  return symbols_locked(it->second);
+}
+
+std::vector<SiteFrame> SiteSampler::frames_of_site(std::uint64_t site) const {
   std::lock_guard lock(sites_mu_);
   auto it = sites_.find(site);
   if (it == sites_.end()) return {};

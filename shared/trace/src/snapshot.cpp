@@ -113,7 +113,7 @@ SnapshotData build_snapshot_from_segments(
           blk.state = "active_allocated";
           break;
         case MappedBlock::State::pending:
-          blk.state = "active_awaiting_free";
+          blk.state = "active_pending_free";
           break;
         case MappedBlock::State::free:
           blk.state = "inactive";
@@ -245,7 +245,8 @@ std::string snapshot_pickle(const SnapshotData& data) {
       if (e.action != "oom") {
         w.uint_entry("addr", e.addr);
       }
-      w.empty_list_entry("frames");
+      w.key("frames");
+      write_frames(w, e.frames);
       w.uint_entry("size", e.size);
       w.uint_entry("stream", e.stream);
       w.uint_entry("time_us", e.time_us);

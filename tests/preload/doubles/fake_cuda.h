@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 struct CUstream_st;
 struct CUctx_st;
@@ -17,4 +18,7 @@ void fakecuda_reset_calls();
 void fakecuda_set_capturing(CUstream_st* stream, int capturing);
 // Bytes the fake has handed out on device (device, managed and host allocations included).
 std::size_t fakecuda_used(int device);
+// The arguments of the last call of a VMM entry point ("cuMemCreate", "cuMemMap", ...) as
+// 64-bit values in declaration order (pointers as addresses); 0 when it was never called.
+int fakecuda_last_args(const char* symbol, std::uint64_t* out /* [5] */);
 }

@@ -1,15 +1,26 @@
 // A fake CUDA driver (libcuda.so.1) on host memory, for testing the preload shim without a GPU.
 //
-// It exports the non-VMM entry points the shim and the fake runtime use, under the real names and,
-// like the real libcuda.so.1, without symbol versions. Device memory is malloc'ed host memory, so
-// tests can check bytes directly. Contexts are one primary context per device, made current per
-// thread; streams are heap objects that remember their device. cuGetProcAddress(_v2) implements the
-// real lookup rules for the entry points it knows: the newest variant whose version is at most the
-// requested one, and the _ptsz variant under CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM.
+// It exports the entry points the shim, the fake runtime and the pool's CUDA backend use, under the
+// real names and, like the real libcuda.so.1, without symbol versions. Device memory is malloc'ed
+// host memory, so tests can check bytes directly. Contexts are one primary context per device, made
+// current per thread; streams are heap objects that remember their device. cuGetProcAddress(_v2)
+// implements the real lookup rules for the entry points it knows: the newest variant whose version
+// is at most the requested one, and the _ptsz variant under
+// CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM.
+//
+// Virtual memory management (cuMemCreate, cuMemAddressReserve, cuMemMap, cuMemSetAccess, ...) is
+// backed by the host's own: a physical handle is a memfd of its size, a reserved range an
+// inaccessible anonymous mapping, cuMemMap maps the memfd over part of it (MAP_SHARED|MAP_FIXED,
+// still inaccessible), cuMemSetAccess makes it readable and writable, cuMemUnmap puts the
+// inaccessible reservation back. As in CUDA, a released handle stays alive while it is mapped (the
+// mapping holds the memfd). The granularity is 2 MiB. Each VMM call's arguments are kept for the
+// tests (fakecuda_last_args).
 //
 // Environment: FAKE_CUDA_DEVICES (default 2), FAKE_CUDA_MEM_MB per device (default 4096).
 // Error codes follow the CUDA driver documentation for each call.
 #include <pthread.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -205,6 +216,36 @@ API void fakecuda_reset_calls() {
 }
 API void fakecuda_set_capturing(CUstream_st* s, int capturing) {
   if (!special(s)) as_stream(s)->capturing = capturing;
+}
+namespace {
+// The arguments of the last call of each VMM entry point (tests check they arrive unchanged).
+struct LastArgs {
+  const char* name;
+  std::uint64_t args[5];
+};
+std::mutex g_last_mu;
+LastArgs g_last[16];
+void note_args(const char* name, std::uint64_t a0, std::uint64_t a1 = 0, std::uint64_t a2 = 0,
+               std::uint64_t a3 = 0, std::uint64_t a4 = 0) {
+  std::lock_guard g(g_last_mu);
+  for (LastArgs& l : g_last) {
+    if (l.name == nullptr || std::strcmp(l.name, name) == 0) {
+      l.name = name;
+      l.args[0] = a0, l.args[1] = a1, l.args[2] = a2, l.args[3] = a3, l.args[4] = a4;
+      return;
+    }
+  }
+}
+}  // namespace
+API int fakecuda_last_args(const char* symbol, std::uint64_t* out) {
+  std::lock_guard g(g_last_mu);
+  for (const LastArgs& l : g_last) {
+    if (l.name != nullptr && std::strcmp(l.name, symbol) == 0) {
+      std::memcpy(out, l.args, sizeof l.args);
+      return 1;
+    }
+  }
+  return 0;
 }
 API std::size_t fakecuda_used(int device) {
   std::lock_guard g(drv().mu);
@@ -617,6 +658,232 @@ API CUresult cuMemPoolTrimTo(CUmemPoolHandle_st* h, std::size_t keep) {
   return kOk;
 }
 
+// --- virtual memory management
+// ------------------------------------------------------------------------
+namespace {
+constexpr std::size_t kGranularity = 2u << 20;
+struct Physical {
+  int fd;
+  std::size_t size;
+  int device;
+  int refs;  // cuMemCreate and each cuMemRetainAllocationHandle, minus cuMemRelease
+  int maps;  // mappings of it; the memory lives while either count is non-zero
+};
+struct Mapping {
+  std::size_t size;
+  std::uint64_t handle;
+};
+struct Vmm {
+  std::mutex mu;
+  std::uint64_t next_handle = 0x10000;
+  std::map<std::uint64_t, Physical> handles;
+  std::map<CUdeviceptr, std::size_t> reserved;
+  std::map<CUdeviceptr, Mapping> mapped;
+};
+Vmm& vmm() {
+  static Vmm* v = new Vmm();
+  return *v;
+}
+// CUmemAllocationProp as cuda.h lays it out: type, requestedHandleTypes, location {type, id}.
+struct PropHead {
+  int type, handle_types, location_type, location_id;
+};
+bool in_reservation(const Vmm& v, CUdeviceptr p, std::size_t size) {
+  auto it = v.reserved.upper_bound(p);
+  if (it == v.reserved.begin()) return false;
+  --it;
+  return p >= it->first && p + size <= it->first + it->second;
+}
+}  // namespace
+
+API CUresult cuMemGetAllocationGranularity(std::size_t* g, const void* prop, int /*option*/) {
+  count("cuMemGetAllocationGranularity");
+  if (!g || !prop) return kInvalidValue;
+  *g = kGranularity;
+  return kOk;
+}
+API CUresult cuMemCreate(std::uint64_t* handle, std::size_t size, const void* prop,
+                         unsigned long long flags) {
+  count("cuMemCreate");
+  note_args("cuMemCreate", reinterpret_cast<std::uintptr_t>(handle), size,
+            reinterpret_cast<std::uintptr_t>(prop), flags);
+  if (!handle || !prop || size == 0 || size % kGranularity != 0 || flags != 0) return kInvalidValue;
+  PropHead head;
+  std::memcpy(&head, prop, sizeof head);
+  if (head.type != 1 || head.location_type != 1) return kInvalidValue;
+  if (head.location_id < 0 || head.location_id >= drv().devices) return kInvalidDevice;
+  {
+    std::lock_guard g(drv().mu);
+    if (drv().used[head.location_id] + size > drv().capacity) return kOom;
+    drv().used[head.location_id] += size;
+  }
+  int fd = memfd_create("fake-cuda-physical", MFD_CLOEXEC);
+  if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    if (fd >= 0) close(fd);
+    std::lock_guard g(drv().mu);
+    drv().used[head.location_id] -= size;
+    return kOom;
+  }
+  std::lock_guard g(vmm().mu);
+  std::uint64_t h = vmm().next_handle++;
+  vmm().handles[h] = Physical{fd, size, head.location_id, 1, 0};
+  *handle = h;
+  return kOk;
+}
+// Frees the memory once nothing references or maps it (vmm().mu held).
+static void free_if_unused(std::map<std::uint64_t, Physical>::iterator it) {
+  if (it->second.refs == 0 && it->second.maps == 0) {
+    close(it->second.fd);
+    {
+      std::lock_guard g(drv().mu);
+      drv().used[it->second.device] -= it->second.size;
+    }
+    vmm().handles.erase(it);
+  }
+}
+API CUresult cuMemRelease(std::uint64_t handle) {
+  count("cuMemRelease");
+  note_args("cuMemRelease", handle);
+  auto& v = vmm();
+  std::lock_guard g(v.mu);
+  auto it = v.handles.find(handle);
+  if (it == v.handles.end() || it->second.refs == 0) return kInvalidValue;
+  --it->second.refs;
+  free_if_unused(it);
+  return kOk;
+}
+API CUresult cuMemRetainAllocationHandle(std::uint64_t* handle, void* addr) {
+  count("cuMemRetainAllocationHandle");
+  note_args("cuMemRetainAllocationHandle", reinterpret_cast<std::uintptr_t>(handle),
+            reinterpret_cast<std::uintptr_t>(addr));
+  if (!handle) return kInvalidValue;
+  auto& v = vmm();
+  std::lock_guard g(v.mu);
+  auto p = reinterpret_cast<CUdeviceptr>(addr);
+  auto it = v.mapped.upper_bound(p);
+  if (it == v.mapped.begin()) return kInvalidValue;
+  --it;
+  if (p >= it->first + it->second.size) return kInvalidValue;
+  auto h = v.handles.find(it->second.handle);
+  if (h == v.handles.end()) return kInvalidValue;
+  ++h->second.refs;
+  *handle = it->second.handle;
+  return kOk;
+}
+API CUresult cuMemAddressReserve(CUdeviceptr* ptr, std::size_t size, std::size_t alignment,
+                                 CUdeviceptr addr, unsigned long long flags) {
+  count("cuMemAddressReserve");
+  note_args("cuMemAddressReserve", reinterpret_cast<std::uintptr_t>(ptr), size, alignment, addr,
+            flags);
+  if (!ptr || size == 0 || size % kGranularity != 0 || flags != 0) return kInvalidValue;
+  if (alignment == 0) alignment = kGranularity;
+  if (alignment % kGranularity != 0 || (alignment & (alignment - 1)) != 0) return kInvalidValue;
+  // Over-reserve, then trim to the alignment.
+  const std::size_t span = size + alignment;
+  void* m = mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) return kOom;
+  auto base = reinterpret_cast<CUdeviceptr>(m);
+  CUdeviceptr aligned = (base + alignment - 1) / alignment * alignment;
+  if (aligned > base) munmap(m, aligned - base);
+  if (aligned + size < base + span) {
+    munmap(reinterpret_cast<void*>(aligned + size), base + span - aligned - size);
+  }
+  std::lock_guard g(vmm().mu);
+  vmm().reserved[aligned] = size;
+  *ptr = aligned;
+  return kOk;
+}
+API CUresult cuMemAddressFree(CUdeviceptr ptr, std::size_t size) {
+  count("cuMemAddressFree");
+  note_args("cuMemAddressFree", ptr, size);
+  auto& v = vmm();
+  std::lock_guard g(v.mu);
+  auto it = v.reserved.find(ptr);
+  if (it == v.reserved.end() || it->second != size) return kInvalidValue;
+  auto m = v.mapped.lower_bound(ptr);
+  if (m != v.mapped.end() && m->first < ptr + size) return kInvalidValue;  // still mapped
+  munmap(reinterpret_cast<void*>(ptr), size);
+  v.reserved.erase(it);
+  return kOk;
+}
+API CUresult cuMemMap(CUdeviceptr ptr, std::size_t size, std::size_t offset, std::uint64_t handle,
+                      unsigned long long flags) {
+  count("cuMemMap");
+  note_args("cuMemMap", ptr, size, offset, handle, flags);
+  if (size == 0 || size % kGranularity != 0 || offset % kGranularity != 0 ||
+      ptr % kGranularity != 0 || flags != 0) {
+    return kInvalidValue;
+  }
+  auto& v = vmm();
+  std::lock_guard g(v.mu);
+  auto h = v.handles.find(handle);
+  if (h == v.handles.end() || h->second.refs == 0) return kInvalidHandle;
+  if (offset > h->second.size || size > h->second.size - offset) return kInvalidValue;
+  if (!in_reservation(v, ptr, size)) return kInvalidValue;
+  auto next = v.mapped.lower_bound(ptr);
+  if (next != v.mapped.end() && next->first < ptr + size) return kInvalidValue;  // overlap
+  if (next != v.mapped.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second.size > ptr) return kInvalidValue;
+  }
+  void* m = mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE, MAP_SHARED | MAP_FIXED,
+                 h->second.fd, static_cast<off_t>(offset));
+  if (m == MAP_FAILED) return kOom;
+  v.mapped[ptr] = Mapping{size, handle};
+  ++h->second.maps;
+  return kOk;
+}
+API CUresult cuMemUnmap(CUdeviceptr ptr, std::size_t size) {
+  count("cuMemUnmap");
+  note_args("cuMemUnmap", ptr, size);
+  auto& v = vmm();
+  std::lock_guard g(v.mu);
+  // The range must cover whole mappings, starting at one.
+  auto it = v.mapped.find(ptr);
+  if (it == v.mapped.end() || size == 0) return kInvalidValue;
+  CUdeviceptr end = ptr;
+  for (auto m = it; m != v.mapped.end() && m->first == end && end < ptr + size; ++m) {
+    end += m->second.size;
+  }
+  if (end != ptr + size) return kInvalidValue;
+  for (auto m = it; m != v.mapped.end() && m->first < ptr + size; ++m) {
+    auto h = v.handles.find(m->second.handle);
+    if (h != v.handles.end()) {
+      --h->second.maps;
+      free_if_unused(h);
+    }
+  }
+  v.mapped.erase(it, v.mapped.lower_bound(ptr + size));
+  mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE,
+       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+  return kOk;
+}
+// CUmemAccessDesc: location {type, id}, flags (0 none, 1 read, 3 read-write).
+API CUresult cuMemSetAccess(CUdeviceptr ptr, std::size_t size, const void* desc, std::size_t n) {
+  count("cuMemSetAccess");
+  if (!desc || n == 0 || size == 0) return kInvalidValue;
+  int flags = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    int entry[3];
+    std::memcpy(entry, static_cast<const char*>(desc) + i * sizeof entry, sizeof entry);
+    flags |= entry[2];
+  }
+  auto& v = vmm();
+  std::lock_guard g(v.mu);
+  // Every byte of the range must be mapped.
+  CUdeviceptr at = ptr;
+  auto it = v.mapped.upper_bound(ptr);
+  if (it == v.mapped.begin()) return kInvalidValue;
+  --it;
+  if (it->first + it->second.size <= ptr) return kInvalidValue;
+  for (; it != v.mapped.end() && it->first <= at && at < ptr + size; ++it) {
+    at = it->first + it->second.size;
+  }
+  if (at < ptr + size) return kInvalidValue;
+  const int prot = flags & 2 ? PROT_READ | PROT_WRITE : flags & 1 ? PROT_READ : PROT_NONE;
+  return mprotect(reinterpret_cast<void*>(ptr), size, prot) == 0 ? kOk : kInvalidValue;
+}
+
 // --- cuGetProcAddress
 // --------------------------------------------------------------------------------------
 namespace {
@@ -671,6 +938,15 @@ const Proc kProcs[] = {
     {"cuMemPoolGetAttribute", 11020, FN(cuMemPoolGetAttribute), nullptr},
     {"cuMemPoolSetAttribute", 11020, FN(cuMemPoolSetAttribute), nullptr},
     {"cuMemPoolTrimTo", 11020, FN(cuMemPoolTrimTo), nullptr},
+    {"cuMemGetAllocationGranularity", 10020, FN(cuMemGetAllocationGranularity), nullptr},
+    {"cuMemCreate", 10020, FN(cuMemCreate), nullptr},
+    {"cuMemRelease", 10020, FN(cuMemRelease), nullptr},
+    {"cuMemRetainAllocationHandle", 11000, FN(cuMemRetainAllocationHandle), nullptr},
+    {"cuMemAddressReserve", 10020, FN(cuMemAddressReserve), nullptr},
+    {"cuMemAddressFree", 10020, FN(cuMemAddressFree), nullptr},
+    {"cuMemMap", 10020, FN(cuMemMap), nullptr},
+    {"cuMemUnmap", 10020, FN(cuMemUnmap), nullptr},
+    {"cuMemSetAccess", 10020, FN(cuMemSetAccess), nullptr},
     {"cuGetProcAddress", 11030, FN(cuGetProcAddress), nullptr},
     {"cuGetProcAddress", 12000, FN(cuGetProcAddress_v2), nullptr},
 };

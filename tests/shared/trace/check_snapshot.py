@@ -4,6 +4,7 @@ documents (the one pytorch.org/memory_viz reads), then prints a JSON summary for
 
 usage: check_snapshot.py snapshot FILE   -> checks, prints {"segments": n, ...} or exits 1
        check_snapshot.py repr FILE       -> prints repr() of the unpickled object
+Importable: summarize(snapshot_dict) returns the summary and raises SnapshotError.
 """
 import json
 import pickle
@@ -14,17 +15,20 @@ SEGMENT_KEYS = {"device", "address", "total_size", "allocated_size", "active_siz
 BLOCK_KEYS = {"size", "requested_size", "address", "state", "frames"}
 FRAME_KEYS = {"filename", "line", "name"}
 TRACE_KEYS = {"action", "frames", "size", "stream"}
-STATES = {"active_allocated", "active_awaiting_free", "inactive"}
-ACTIONS = {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom",
-           "snapshot"}
+STATES = {"active_allocated", "active_pending_free", "inactive"}
+ACTIONS = {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
+           "segment_map", "segment_unmap", "oom", "snapshot"}
+
+
+class SnapshotError(ValueError):
+    pass
 
 
 def fail(msg):
-    print("FAIL: " + msg)
-    sys.exit(1)
+    raise SnapshotError(msg)
 
 
-def check(snap):
+def summarize(snap):
     if not isinstance(snap, dict):
         fail("top level is not a dict")
     for key in ("segments", "device_traces"):
@@ -74,7 +78,13 @@ def check(snap):
     if not isinstance(traces, list):
         fail("device_traces is not a list")
     entries = 0
+    actions = {}
+    alloc_sizes = []
+    trace_frames = 0
+    times = []
     for per_device in traces:
+        if not isinstance(per_device, list):
+            fail("a device's trace is not a list")
         for e in per_device:
             missing = TRACE_KEYS - set(e)
             if missing:
@@ -83,10 +93,23 @@ def check(snap):
                 fail("bad action %r" % e["action"])
             if e["action"] != "oom" and "addr" not in e:
                 fail("trace entry lacks addr")
+            if e["action"] == "oom" and "device_free" not in e:
+                fail("oom entry lacks device_free")
+            for f in e["frames"]:
+                if set(f) != FRAME_KEYS:
+                    fail("trace frame keys %s" % sorted(f))
+            if e["frames"]:
+                trace_frames += 1
+            if e["action"] == "alloc":
+                alloc_sizes.append(e["size"])
+            if "time_us" in e:
+                times.append(e["time_us"])
+            actions[e["action"]] = actions.get(e["action"], 0) + 1
             entries += 1
-    print(json.dumps({"segments": len(snap["segments"]), "blocks": blocks,
-                      "allocated": allocated, "devices": len(traces), "entries": entries,
-                      "frames": frames_seen}))
+    return {"segments": len(snap["segments"]), "blocks": blocks, "allocated": allocated,
+            "devices": len(traces), "entries": entries, "frames": frames_seen,
+            "actions": actions, "alloc_sizes": alloc_sizes, "trace_frames": trace_frames,
+            "time_us": [min(times), max(times)] if times else []}
 
 
 def main():
@@ -95,8 +118,12 @@ def main():
         obj = pickle.load(f)
     if mode == "repr":
         print(repr(obj))
-    else:
-        check(obj)
+        return
+    try:
+        print(json.dumps(summarize(obj)))
+    except SnapshotError as e:
+        print("FAIL: %s" % e)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

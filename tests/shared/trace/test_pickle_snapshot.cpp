@@ -308,7 +308,7 @@ TEST(Snapshot, PoolSegmentsKeepFreeAndPendingBlocks) {
   ASSERT_EQ(data.segments.size(), 1u);
   EXPECT_EQ(data.segments[0].allocated_size, 16 * MiB);
   EXPECT_EQ(data.segments[0].active_size, 24 * MiB);
-  EXPECT_EQ(data.segments[0].blocks[1].state, "active_awaiting_free");
+  EXPECT_EQ(data.segments[0].blocks[1].state, "active_pending_free");
   std::string path = temp_path("segments.pickle");
   ASSERT_TRUE(write_pytorch_snapshot(data, path, nullptr));
   int rc = 0;

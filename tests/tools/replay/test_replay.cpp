@@ -197,11 +197,12 @@ TEST(Replay, GeneratedTransformerTraceTellsTheSeedsStory) {
   ReplayResult unstitched = replay_with("gpustitch-no-stitch", t, capacity);
   EXPECT_EQ(stitched.ooms, 0u);
   EXPECT_EQ(stitched.peak_allocated, live_peak);
-  // At this headroom both end up holding about what the device has; stitching gets there by
-  // moving idle handles where the pool without it must give its cache back and create it again.
-  // (Reserved is within 1%: near capacity the pool without stitching holds handles cut to the
-  // sizes of the moment, and a live block pins the free rest of the handles it touches.)
-  EXPECT_LT(counter(stitched, "trims"), counter(unstitched, "trims"));
+  // At this headroom both fit; stitching never gives its cache back more often than the pool
+  // without it, which may have to release and create memory again. (Since freed blocks merge
+  // before best fit, the pool without stitching fits here without trimming too. Reserved is
+  // within 1%: a live block pins the free rest of the handles it touches.)
+  EXPECT_EQ(unstitched.ooms, 0u);
+  EXPECT_LE(counter(stitched, "trims"), counter(unstitched, "trims"));
   EXPECT_GT(counter(stitched, "stitches"), 0u);
   EXPECT_LE(stitched.peak_reserved, unstitched.peak_reserved + unstitched.peak_reserved / 100);
   for (const ReplayResult* r : {&cached}) {

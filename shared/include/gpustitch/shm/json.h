@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "gpustitch/shm/gpu_inventory.h"
 #include "gpustitch/shm/record_reader.h"
 
 namespace gpustitch::shm {
@@ -32,6 +33,11 @@ nlohmann::json device_to_json(const DeviceCounters& d, JsonDetail detail);
 nlohmann::json event_to_json(const EventCopy& e);
 nlohmann::json site_to_json(const SiteCopy& s);
 nlohmann::json identity_to_json(const ProcessIdentity& id, JsonDetail detail);
+
+// Adds, to every device of a process object ({"devices":[{"uuid",..}]}) whose GPU the driver
+// lists, "gpu" (its index, nvidia-smi's), "gpu_name" and "pci_bus_id" (gpu_inventory.h). Devices
+// of GPUs the driver does not list (simulated, MIG, no driver) keep only "device" and "uuid".
+void add_gpu_fields(nlohmann::json& process, const GpuInventory& gpus);
 
 // Everything a reader can get from a record now (snapshot, events, sites), or nullopt with *err.
 std::optional<nlohmann::json> read_process_json(const RecordReader& reader, JsonDetail detail,

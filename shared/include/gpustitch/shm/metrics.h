@@ -1,7 +1,12 @@
 // The Prometheus metrics gpustitchd exports: one list, used by the exporter, its tests and the
-// packaged Grafana dashboard. Per-process series carry the labels pid, device, uuid, user and
-// command (dcgm-exporter's style: one series per process and device); gpustitch_processes has no
-// labels.
+// packaged Grafana dashboard. Labels follow dcgm-exporter's, so that the two join on a GPU:
+//   per process and GPU (MetricScope::process): pid, user, command, cuda_device (the process's
+//     own device ordinal), UUID, and where the driver lists the GPU gpu (its index, nvidia-smi's),
+//     device ("nvidia<minor>"), modelName, pci_bus_id; Hostname; pod_uid and container_id when
+//     the process runs in a Kubernetes pod (daemon/src/kube_cgroup.h).
+//   per GPU (MetricScope::gpu), once per UUID whatever the number of processes on it: UUID, gpu,
+//     device, modelName, pci_bus_id, Hostname.
+//   per node (MetricScope::node): gpustitch_processes, no labels.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +16,7 @@
 namespace gpustitch::shm {
 
 enum class MetricKind { gauge, counter };
+enum class MetricScope { process, gpu, node };
 
 struct MetricSpec {
   const char* name;
@@ -18,6 +24,7 @@ struct MetricSpec {
   const char* help;
   // The counter it reads; null for the derived ones (fragmentation ratio, process count).
   std::uint64_t DeviceCounters::*field;
+  MetricScope scope = MetricScope::process;
 };
 
 inline constexpr const char* kProcessesMetric = "gpustitch_processes";
@@ -44,10 +51,19 @@ inline constexpr MetricSpec kMetrics[] = {
      &DeviceCounters::largest_possible},
     {kFragmentationMetric, MetricKind::gauge, "1 - allocated/reserved.", nullptr},
     {"gpustitch_device_free_bytes", MetricKind::gauge,
-     "Driver-reported free device memory at the last publish.", &DeviceCounters::device_free},
-    {"gpustitch_device_total_bytes", MetricKind::gauge, "Driver-reported total device memory.",
-     &DeviceCounters::device_total},
-    {kProcessesMetric, MetricKind::gauge, "Processes publishing gpustitch statistics.", nullptr},
+     "Driver-reported free memory of the GPU (from the process that published last).",
+     &DeviceCounters::device_free, MetricScope::gpu},
+    {"gpustitch_device_total_bytes", MetricKind::gauge, "Driver-reported total memory of the GPU.",
+     &DeviceCounters::device_total, MetricScope::gpu},
+    {"gpustitch_program_mapped_bytes", MetricKind::gauge,
+     "Device memory the program maps itself (cuMemCreate/cuMemMap, not served by the pool): "
+     "physical bytes it holds.",
+     &DeviceCounters::program_held_bytes},
+    {"gpustitch_program_handles", MetricKind::gauge,
+     "Physical memory handles the program created itself and has not released.",
+     &DeviceCounters::program_handles},
+    {kProcessesMetric, MetricKind::gauge, "Processes publishing gpustitch statistics.", nullptr,
+     MetricScope::node},
     {"gpustitch_allocations_total", MetricKind::counter, "Allocations served.",
      &DeviceCounters::allocs},
     {"gpustitch_frees_total", MetricKind::counter, "Frees.", &DeviceCounters::frees},
@@ -85,6 +101,12 @@ inline constexpr MetricSpec kMetrics[] = {
      &DeviceCounters::coop_dropped},
 };
 
-inline constexpr const char* kMetricLabels[] = {"pid", "device", "uuid", "user", "command"};
+// Labels of per-process series (the GPU's labels are dropped where the driver does not list it,
+// the Kubernetes ones outside pods), and of per-GPU series.
+inline constexpr const char* kProcessLabels[] = {
+    "pid",    "user",      "command",    "cuda_device", "UUID",    "gpu",
+    "device", "modelName", "pci_bus_id", "Hostname",    "pod_uid", "container_id"};
+inline constexpr const char* kGpuLabels[] = {"UUID",      "gpu",        "device",
+                                             "modelName", "pci_bus_id", "Hostname"};
 
 }  // namespace gpustitch::shm

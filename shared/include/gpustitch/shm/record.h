@@ -4,10 +4,14 @@
 // Layout rules (the record is an ABI between binaries of different versions and an untrusted
 // input for readers):
 //   * fixed layout, only fixed-width integers, doubles and char arrays; every offset is pinned by
-//     a static_assert below. Any change to it bumps kLayoutVersion; readers reject other
-//     versions instead of guessing.
+//     a static_assert below. Any change to it bumps kLayoutVersion. New per-device counters are
+//     appended at the end of DeviceCounters, so an older layout differs only in the device stride
+//     and the offsets after the snapshot: readers also accept the layouts in kReadableLayouts
+//     (their missing counters read as zero and SnapshotCopy says which layout it came from), and
+//     reject every other version instead of guessing.
 //   * the header names the version and the record size; a reader accepts a record only when
-//     magic, version and size all match and the object's size equals record_size.
+//     magic, version and size match one readable layout and the object's size equals
+//     record_size.
 //   * identity is written once, before the magic is stored (with release ordering), and never
 //     changes afterwards.
 //   * the snapshot (per-device counters + heartbeat) is guarded by a single-writer seqlock
@@ -26,7 +30,8 @@
 namespace gpustitch::shm {
 
 inline constexpr std::uint64_t kRecordMagic = 0x3148435449545347ull;  // "GSTITCH1", little endian
-inline constexpr std::uint32_t kLayoutVersion = 2;  // 2: cooperative-release counters
+// 2: cooperative-release counters; 3: memory the program maps itself (program_*).
+inline constexpr std::uint32_t kLayoutVersion = 3;
 
 inline constexpr int kMaxDevices = 16;
 inline constexpr int kHistogramBuckets = 32;  // = gpustitch::kHistogramBuckets (checked in .cpp)
@@ -75,6 +80,14 @@ inline constexpr std::size_t kUuidBytes = 16;
   X(coop_requests)       /* requests received (valid or not) */                            \
   X(coop_dropped)        /* requests dropped: rate limit, malformed, sender not permitted */
 
+// Device memory the program maps itself with the VMM API (cuMemCreate/cuMemMap), which the pool
+// does not serve, kept by the preload library (preload/src/program_memory.h). Layout 3.
+#define GPUSTITCH_SHM_PROGRAM_COUNTERS(X)                                                        \
+  X(program_held_bytes)    /* physical bytes it holds: created and not both released+unmapped */ \
+  X(program_created_bytes) /* bytes of handles created and not released */                       \
+  X(program_handles)       /* handles created and not released */                                \
+  X(program_mapped_bytes)  /* bytes of address range mapped and not unmapped */
+
 struct DeviceCounters {
 #define GPUSTITCH_SHM_FIELD(name) std::uint64_t name;
   GPUSTITCH_SHM_DEVICE_COUNTERS(GPUSTITCH_SHM_FIELD)
@@ -87,7 +100,15 @@ struct DeviceCounters {
   std::uint64_t reserved1;
 #define GPUSTITCH_SHM_FIELD(name) std::uint64_t name;
   GPUSTITCH_SHM_COOP_COUNTERS(GPUSTITCH_SHM_FIELD)
+  GPUSTITCH_SHM_PROGRAM_COUNTERS(GPUSTITCH_SHM_FIELD)
 #undef GPUSTITCH_SHM_FIELD
+
+  // What cooperative release may ask this process's pool for: its idle cache. Memory the program
+  // maps itself (program_*) is the program's, not the pool's, so however large it is the pool
+  // cannot give any of it back.
+  std::uint64_t releasable_bytes() const noexcept {
+    return bytes_cached;
+  }
 
   // 1 - allocated/reserved, as DeviceStats::fragmentation().
   double fragmentation() const noexcept {
@@ -201,8 +222,9 @@ struct Record {
 
 // ---- layout pins: a change here is a layout change, bump kLayoutVersion --------------------
 static_assert(std::is_trivially_copyable_v<Record> && std::is_standard_layout_v<Record>);
-static_assert(sizeof(DeviceCounters) == 24 * 8 + 2 * kHistogramBuckets * 8 + 32 + 7 * 8);
-static_assert(sizeof(DeviceCounters) == 792);
+static_assert(sizeof(DeviceCounters) == 24 * 8 + 2 * kHistogramBuckets * 8 + 32 + 7 * 8 + 4 * 8);
+static_assert(sizeof(DeviceCounters) == 824);
+static_assert(offsetof(DeviceCounters, program_held_bytes) == 792);
 static_assert(sizeof(RecordHeader) == 64);
 static_assert(sizeof(Identity) == 48 + kExeBytes + kCmdlineBytes);
 static_assert(sizeof(Snapshot) == 64 + kMaxDevices * sizeof(DeviceCounters));
@@ -214,12 +236,51 @@ static_assert(sizeof(SiteTable) == 64 + kMaxSites * sizeof(Site));
 static_assert(offsetof(Record, header) == 0);
 static_assert(offsetof(Record, identity) == 64);
 static_assert(offsetof(Record, snapshot) == 64 + 1328);
-static_assert(offsetof(Record, events) == 1392 + 12736);
-static_assert(offsetof(Record, sites) == 14128 + 6208);
-static_assert(sizeof(Record) == 20336 + 21952);
+static_assert(offsetof(Record, events) == 1392 + 13248);
+static_assert(offsetof(Record, sites) == 14640 + 6208);
+static_assert(sizeof(Record) == 20848 + 21952);
 static_assert(offsetof(Snapshot, devices) == 64);
 static_assert(offsetof(EventRing, slots) == 64);
 static_assert(offsetof(SiteTable, sites) == 64);
 static_assert((kEventSlots & (kEventSlots - 1)) == 0);
+
+// ---- layouts a reader accepts -------------------------------------------------------------
+// An older layout is this one with fewer counters at the end of DeviceCounters: the header,
+// identity and snapshot head are where they are now, devices[] has a shorter stride, and the
+// event ring and site table (unchanged themselves) follow the shorter snapshot.
+struct LayoutInfo {
+  std::uint32_t version;
+  std::uint32_t record_size;
+  std::uint32_t device_stride;  // bytes per DeviceCounters entry
+  std::uint32_t events_offset;  // offsetof(Record, events)
+  std::uint32_t sites_offset;   // offsetof(Record, sites)
+};
+constexpr LayoutInfo layout_with_stride(std::uint32_t version, std::size_t stride) {
+  const std::size_t events = offsetof(Record, snapshot) + offsetof(Snapshot, devices) +
+                             static_cast<std::size_t>(kMaxDevices) * stride;
+  return {version, static_cast<std::uint32_t>(events + sizeof(EventRing) + sizeof(SiteTable)),
+          static_cast<std::uint32_t>(stride), static_cast<std::uint32_t>(events),
+          static_cast<std::uint32_t>(events + sizeof(EventRing))};
+}
+inline constexpr LayoutInfo kReadableLayouts[] = {
+    layout_with_stride(kLayoutVersion, sizeof(DeviceCounters)),
+    // 2: without the program_* counters.
+    layout_with_stride(2, offsetof(DeviceCounters, program_held_bytes)),
+};
+static_assert(kReadableLayouts[0].record_size == sizeof(Record));
+static_assert(kReadableLayouts[0].events_offset == offsetof(Record, events));
+static_assert(kReadableLayouts[0].sites_offset == offsetof(Record, sites));
+// Layout 2 as it was pinned when it was current.
+static_assert(kReadableLayouts[1].record_size == 20336 + 21952);
+static_assert(kReadableLayouts[1].events_offset == 1392 + 12736);
+static_assert(kReadableLayouts[1].sites_offset == 14128 + 6208);
+
+// The readable layout with this version, or null.
+constexpr const LayoutInfo* find_layout(std::uint32_t version) {
+  for (const LayoutInfo& l : kReadableLayouts) {
+    if (l.version == version) return &l;
+  }
+  return nullptr;
+}
 
 }  // namespace gpustitch::shm

@@ -6,7 +6,8 @@
 // open() rejects, without reading further: names that are not regular files (a FIFO planted in
 // /dev/shm would block an ordinary open; O_NONBLOCK|O_NOFOLLOW prevent that), objects whose
 // owner differs from the uid in the name or from the expected owner, objects writable by group or
-// others, sizes other than sizeof(Record), and headers with a wrong magic, version or size. Every
+// others, sizes of no readable layout (record.h, kReadableLayouts: this one and the previous), and
+// headers with a wrong magic, version or size. Every
 // seqlock read gives up after kMaxReadRetries attempts (a writer that keeps its sequence odd
 // cannot hang the reader). Strings are cut at their array bound and counts are clamped.
 #pragma once
@@ -48,6 +49,7 @@ struct ProcessIdentity {
   std::uint64_t start_time = 0;
   std::uint64_t created_ns = 0;
   std::uint32_t publish_interval_ms = 0;
+  std::uint32_t layout_version = 0;
   std::string exe;
   std::string cmdline;
 };
@@ -56,6 +58,8 @@ struct SnapshotCopy {
   std::uint64_t heartbeat_ns = 0;
   std::uint64_t publish_count = 0;
   std::uint64_t events_head = 0;  // events claimed as of this snapshot
+  // The record's layout: counters newer than it (program_* before 3) are zero, not measured.
+  std::uint32_t layout_version = kLayoutVersion;
   std::vector<DeviceCounters> devices;
 };
 
@@ -85,6 +89,9 @@ ReadError validate_prefix(std::span<const std::uint8_t> bytes, const RecordName*
 // Pure decoding of a snapshot image (the Snapshot struct bytes, possibly short): validates
 // device_count and clamps; returns false when the image is inconsistent.
 bool decode_snapshot(std::span<const std::uint8_t> bytes, SnapshotCopy* out);
+// The same for a snapshot of a given readable layout (device stride).
+bool decode_snapshot(std::span<const std::uint8_t> bytes, SnapshotCopy* out,
+                     const LayoutInfo& layout);
 // Pure decoding of an event ring image: complete, in-range slots, oldest first, at most
 // kEventSlots; slots torn or reused during the copy are skipped.
 std::vector<EventCopy> decode_events(std::span<const std::uint8_t> bytes);
@@ -124,6 +131,7 @@ class RecordReader {
   int fd_ = -1;
   ino_t inode_ = 0;
   mutable std::size_t device_guess_ = 1;  // devices copied by the last snapshot read
+  const LayoutInfo* layout_ = &kReadableLayouts[0];
   RecordName name_;
   ProcessIdentity identity_;
 };

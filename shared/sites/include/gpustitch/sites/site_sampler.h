@@ -72,6 +72,13 @@ class SiteSampler final : public PoolObserver {
   std::vector<SiteReport> top(std::size_t k) const;
   // The symbolized stack of a live sampled allocation (empty if ptr was not sampled).
   std::vector<SiteFrame> frames_of(DevPtr ptr) const;
+  // The symbolized stack of a site (SiteReport::id, last_sampled_site); empty if unknown. Sites
+  // are kept for the process's life, so an id stays valid after its allocations are freed.
+  std::vector<SiteFrame> frames_of_site(std::uint64_t site) const;
+  // For an observer placed after the sampler in the same fan-out: the site of the allocation of
+  // ptr that this thread is reporting right now, if the sampler sampled it, else 0. A
+  // thread-local read (trace::SiteOfAllocation).
+  static std::uint64_t last_sampled_site(DevPtr ptr) noexcept;
 
   std::uint64_t sampled() const noexcept { return sampled_.load(std::memory_order_relaxed); }
   const SiteSamplerOptions& options() const noexcept { return options_; }

@@ -4,7 +4,7 @@
 // Three pieces:
 //   - build_snapshot_from_segments(): the pool's memory map (Pool::memory_map, memory_map.h) ->
 //     PyTorch's structure. Segments are the pool's real ranges; cached memory shows up as
-//     inactive blocks, memory waiting for its fence as active_awaiting_free. This is what a
+//     inactive blocks, memory waiting for its fence as active_pending_free. This is what a
 //     running process writes for `gpustitch snapshot PID`.
 //   - build_snapshot(): a list of live blocks -> PyTorch's structure, for recorded traces, where
 //     the pool's ranges are not known: each run of granularity-aligned pages touched by live
@@ -12,7 +12,8 @@
 //     between blocks are "inactive" blocks.
 //   - write_pytorch_snapshot(): pickles the structure (protocol 2, see pickle_writer.h).
 // snapshot_from_trace() builds the structure from a recorded trace, with device_traces
-// (alloc / free_requested / free_completed entries) so memory_viz's timeline tabs work too.
+// (alloc / free_requested / free_completed entries) so memory_viz's timeline tabs work too. A live
+// process's device_traces come from its ring of recent events (recent_events.h).
 //
 // Requesting a snapshot from another process (SnapshotRequests): a file-based rendezvous in a
 // per-user directory, polled by a thread the process already has (the statistics publisher):
@@ -81,7 +82,8 @@ struct SnapshotTraceEntry {
   std::uint64_t size = 0;
   std::uint64_t stream = 0;
   std::uint64_t time_us = 0;
-  std::uint64_t device_free = 0;  // oom only
+  std::uint64_t device_free = 0;      // oom only
+  std::vector<SnapshotFrame> frames;  // alloc: the allocation's stack, when sampled
 };
 
 struct SnapshotData {
