@@ -22,17 +22,19 @@
 //     make up the request, not whenever the device has free memory;
 //   - cuMemSetAccess runs once per backed gap, not per handle;
 //   - fresh memory for one gap comes in handles of max(min_handle, gap / max_fresh_handles),
-//     none larger than max_handle (20 MiB by default, expandable segments' page). The trade-off:
-//     on an H200 a handle costs ~12 us to create, ~1-2 us to map and ~27-32 us of
+//     none larger than max_handle (20 MiB by default, expandable segments' page) or 1/1024 of the
+//     device; max_fresh_handles is 1 by default, so fresh gaps come in 20 MiB handles. The
+//     trade-off: on an H200 a handle costs ~12 us to create, ~1-2 us to map and ~27-32 us of
 //     cuMemSetAccess whatever its size (one call over a range costs what one call per handle
-//     does; ../docs/address-space.md), so a fresh 256 MiB block of 64 handles costs ~2.5 ms
-//     against cudaMalloc's 0.08 ms; but a live block pins the free rest of every handle it
+//     does; ../docs/address-space.md), and more while kernels run; handle count was the speed
+//     cost on the GPU (64 handles per gap ran GPT training 2-20% slower than expandable
+//     segments, 20 MiB handles as fast). But a live block pins the free rest of every handle it
 //     touches (the driver maps handles whole), so large handles leave free memory that can
-//     neither move nor serve a larger request. In replay with 64 handles per gap and no cap
-//     (2 GiB gaps got 32 MiB handles, 4 GiB ones 64 MiB), hf_llama_train needed a 13.19 GiB
-//     device (expandable segments: 12.69); with the 20 MiB cap 13.13 (12.94 with the scan
-//     below), and the generated seeds' trace at 4% headroom went from 2 out-of-memory errors to
-//     none;
+//     neither move nor serve a larger request: in replay 4 handles per gap held 1.018-1.083x of
+//     demand on the recorded traces, 20 MiB handles 1.022-1.116x; without the 20 MiB cap
+//     (2 GiB gaps got 32 MiB handles) hf_llama_train needed a 13.19 GiB device (12.62 with it;
+//     expandable segments 12.69), and 20 MiB handles on a 1.90 GiB device failed a request that
+//     fit (hence the 1/1024 cap);
 //   - moving a handle costs a cuMemUnmap (~18 us), a cuMemMap and its share of one
 //     cuMemSetAccess, and no create/release: reserved stays the same. Expandable segments instead
 //     release and re-create pages, and only at out-of-memory;

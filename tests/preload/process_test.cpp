@@ -34,8 +34,10 @@ TEST(Process, NoDriverRunsNativelyWithOneWarningLine) {
 }
 
 TEST(Process, DriverWithoutVirtualMemoryRunsNatively) {
-  // The fake driver has no cuMemCreate & co: the CUDA backend cannot start.
-  Result r = run_probe({kPreload, kBothLibs, "GPUSTITCH_CONF=backend:auto"});
+  // A driver without cuMemCreate & co: the CUDA backend cannot start.
+  Result r =
+      run_probe({kPreload, std::string("LD_LIBRARY_PATH=") + RUNTIME_DIR + ":" + NOVMM_DRIVER_DIR,
+                 "GPUSTITCH_CONF=backend:auto"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("active=0 malloc_rc=0 owned=0"), std::string::npos) << r.out;
   EXPECT_EQ(count_lines(r.err), 1) << r.err;

@@ -17,6 +17,8 @@
 // tests (fakecuda_last_args).
 //
 // Environment: FAKE_CUDA_DEVICES (default 2), FAKE_CUDA_MEM_MB per device (default 4096).
+// Built with FAKE_CUDA_NO_VMM (the fake_cuda_novmm target), it is a driver without virtual memory
+// management: the VMM entry points are neither exported nor found by cuGetProcAddress.
 // Error codes follow the CUDA driver documentation for each call.
 #include <pthread.h>
 #include <sys/mman.h>
@@ -36,6 +38,11 @@
 #include "fake_cuda.h"
 
 #define API extern "C" __attribute__((visibility("default")))
+#ifdef FAKE_CUDA_NO_VMM
+#define VMM_API extern "C" __attribute__((visibility("hidden")))
+#else
+#define VMM_API API
+#endif
 
 namespace {
 
@@ -696,14 +703,14 @@ bool in_reservation(const Vmm& v, CUdeviceptr p, std::size_t size) {
 }
 }  // namespace
 
-API CUresult cuMemGetAllocationGranularity(std::size_t* g, const void* prop, int /*option*/) {
+VMM_API CUresult cuMemGetAllocationGranularity(std::size_t* g, const void* prop, int /*option*/) {
   count("cuMemGetAllocationGranularity");
   if (!g || !prop) return kInvalidValue;
   *g = kGranularity;
   return kOk;
 }
-API CUresult cuMemCreate(std::uint64_t* handle, std::size_t size, const void* prop,
-                         unsigned long long flags) {
+VMM_API CUresult cuMemCreate(std::uint64_t* handle, std::size_t size, const void* prop,
+                             unsigned long long flags) {
   count("cuMemCreate");
   note_args("cuMemCreate", reinterpret_cast<std::uintptr_t>(handle), size,
             reinterpret_cast<std::uintptr_t>(prop), flags);
@@ -741,7 +748,7 @@ static void free_if_unused(std::map<std::uint64_t, Physical>::iterator it) {
     vmm().handles.erase(it);
   }
 }
-API CUresult cuMemRelease(std::uint64_t handle) {
+VMM_API CUresult cuMemRelease(std::uint64_t handle) {
   count("cuMemRelease");
   note_args("cuMemRelease", handle);
   auto& v = vmm();
@@ -752,7 +759,7 @@ API CUresult cuMemRelease(std::uint64_t handle) {
   free_if_unused(it);
   return kOk;
 }
-API CUresult cuMemRetainAllocationHandle(std::uint64_t* handle, void* addr) {
+VMM_API CUresult cuMemRetainAllocationHandle(std::uint64_t* handle, void* addr) {
   count("cuMemRetainAllocationHandle");
   note_args("cuMemRetainAllocationHandle", reinterpret_cast<std::uintptr_t>(handle),
             reinterpret_cast<std::uintptr_t>(addr));
@@ -770,8 +777,8 @@ API CUresult cuMemRetainAllocationHandle(std::uint64_t* handle, void* addr) {
   *handle = it->second.handle;
   return kOk;
 }
-API CUresult cuMemAddressReserve(CUdeviceptr* ptr, std::size_t size, std::size_t alignment,
-                                 CUdeviceptr addr, unsigned long long flags) {
+VMM_API CUresult cuMemAddressReserve(CUdeviceptr* ptr, std::size_t size, std::size_t alignment,
+                                     CUdeviceptr addr, unsigned long long flags) {
   count("cuMemAddressReserve");
   note_args("cuMemAddressReserve", reinterpret_cast<std::uintptr_t>(ptr), size, alignment, addr,
             flags);
@@ -793,7 +800,7 @@ API CUresult cuMemAddressReserve(CUdeviceptr* ptr, std::size_t size, std::size_t
   *ptr = aligned;
   return kOk;
 }
-API CUresult cuMemAddressFree(CUdeviceptr ptr, std::size_t size) {
+VMM_API CUresult cuMemAddressFree(CUdeviceptr ptr, std::size_t size) {
   count("cuMemAddressFree");
   note_args("cuMemAddressFree", ptr, size);
   auto& v = vmm();
@@ -806,8 +813,8 @@ API CUresult cuMemAddressFree(CUdeviceptr ptr, std::size_t size) {
   v.reserved.erase(it);
   return kOk;
 }
-API CUresult cuMemMap(CUdeviceptr ptr, std::size_t size, std::size_t offset, std::uint64_t handle,
-                      unsigned long long flags) {
+VMM_API CUresult cuMemMap(CUdeviceptr ptr, std::size_t size, std::size_t offset,
+                          std::uint64_t handle, unsigned long long flags) {
   count("cuMemMap");
   note_args("cuMemMap", ptr, size, offset, handle, flags);
   if (size == 0 || size % kGranularity != 0 || offset % kGranularity != 0 ||
@@ -833,7 +840,7 @@ API CUresult cuMemMap(CUdeviceptr ptr, std::size_t size, std::size_t offset, std
   ++h->second.maps;
   return kOk;
 }
-API CUresult cuMemUnmap(CUdeviceptr ptr, std::size_t size) {
+VMM_API CUresult cuMemUnmap(CUdeviceptr ptr, std::size_t size) {
   count("cuMemUnmap");
   note_args("cuMemUnmap", ptr, size);
   auto& v = vmm();
@@ -859,7 +866,8 @@ API CUresult cuMemUnmap(CUdeviceptr ptr, std::size_t size) {
   return kOk;
 }
 // CUmemAccessDesc: location {type, id}, flags (0 none, 1 read, 3 read-write).
-API CUresult cuMemSetAccess(CUdeviceptr ptr, std::size_t size, const void* desc, std::size_t n) {
+VMM_API CUresult cuMemSetAccess(CUdeviceptr ptr, std::size_t size, const void* desc,
+                                std::size_t n) {
   count("cuMemSetAccess");
   if (!desc || n == 0 || size == 0) return kInvalidValue;
   int flags = 0;
@@ -938,6 +946,7 @@ const Proc kProcs[] = {
     {"cuMemPoolGetAttribute", 11020, FN(cuMemPoolGetAttribute), nullptr},
     {"cuMemPoolSetAttribute", 11020, FN(cuMemPoolSetAttribute), nullptr},
     {"cuMemPoolTrimTo", 11020, FN(cuMemPoolTrimTo), nullptr},
+#ifndef FAKE_CUDA_NO_VMM
     {"cuMemGetAllocationGranularity", 10020, FN(cuMemGetAllocationGranularity), nullptr},
     {"cuMemCreate", 10020, FN(cuMemCreate), nullptr},
     {"cuMemRelease", 10020, FN(cuMemRelease), nullptr},
@@ -947,6 +956,7 @@ const Proc kProcs[] = {
     {"cuMemMap", 10020, FN(cuMemMap), nullptr},
     {"cuMemUnmap", 10020, FN(cuMemUnmap), nullptr},
     {"cuMemSetAccess", 10020, FN(cuMemSetAccess), nullptr},
+#endif
     {"cuGetProcAddress", 11030, FN(cuGetProcAddress), nullptr},
     {"cuGetProcAddress", 12000, FN(cuGetProcAddress_v2), nullptr},
 };
