@@ -149,7 +149,16 @@ TEST(RecentEvents, ConcurrentWritersNeverHandTheReaderATornEvent) {
   EXPECT_EQ(torn.load(), 0u);
   EXPECT_GT(seen.load(), 0u);
   EXPECT_EQ(ring.recorded(), kThreads * kPerThread);
-  EXPECT_EQ(ring.read().size(), 1024u);
+  // A writer that finds its slot still being written by one a whole ring of events earlier (a
+  // stalled thread) drops its event rather than wait, so under contention the last ring may miss
+  // a few; once the writers are done, the next ring of events is there whole and in order.
+  EXPECT_GE(ring.read().size(), 1024u - 128u);
+  for (std::uint64_t i = 1; i <= 1024; ++i) {
+    ring.on_allocate(0, i, i * 3, i ^ 0x5a5a, ServedBy::cache);
+  }
+  const auto last = ring.read();
+  ASSERT_EQ(last.size(), 1024u);
+  for (std::uint64_t i = 0; i < last.size(); ++i) EXPECT_EQ(last[i].addr, i + 1);
 }
 
 // fork() while another thread writes: the child reads without waiting on anything the parent's
