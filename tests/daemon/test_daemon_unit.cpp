@@ -360,21 +360,15 @@ class LogCapture {
   std::shared_ptr<spdlog::logger> previous_;
 };
 
-// A child of uid/gid (-1: ours) that publishes a record under prefix and waits; its pid once the
-// record exists.
-pid_t record_child(const std::string& prefix, int uid = -1, int gid = -1) {
+// Forks a child that runs publish() (true: its record exists), then waits until killed; the
+// child's pid once publish() succeeded, else -1 (the child is reaped).
+template <typename Publish>
+pid_t publishing_child(Publish publish) {
   int pipefd[2];
   if (::pipe(pipefd) != 0) return -1;
   pid_t child = ::fork();
   if (child == 0) {
-    if (gid >= 0 && ::setgid(gid) != 0) ::_exit(3);
-    if (uid >= 0 && ::setuid(uid) != 0) ::_exit(3);
-    std::string why;
-    auto w =
-        shm::RecordWriter::create(shm::RecordWriter::self_name(prefix), "/bin/c", "c", 1, &why);
-    shm::DeviceCounters d{};
-    if (w) w->publish({&d, 1}, shm::realtime_ns());
-    char c = w ? 'y' : 'n';
+    char c = publish() ? 'y' : 'n';
     (void)!::write(pipefd[1], &c, 1);
     ::pause();
     ::_exit(0);
@@ -389,6 +383,21 @@ pid_t record_child(const std::string& prefix, int uid = -1, int gid = -1) {
     return -1;
   }
   return child;
+}
+
+// A child of uid/gid (-1: ours) that publishes a record under prefix and waits; its pid once the
+// record exists.
+pid_t record_child(const std::string& prefix, int uid = -1, int gid = -1) {
+  return publishing_child([&] {
+    if (gid >= 0 && ::setgid(gid) != 0) ::_exit(3);
+    if (uid >= 0 && ::setuid(uid) != 0) ::_exit(3);
+    std::string why;
+    auto w =
+        shm::RecordWriter::create(shm::RecordWriter::self_name(prefix), "/bin/c", "c", 1, &why);
+    shm::DeviceCounters d{};
+    if (w) w->publish({&d, 1}, shm::realtime_ns());
+    return w != nullptr;
+  });
 }
 
 void end_children(const std::vector<pid_t>& pids) {
@@ -425,29 +434,13 @@ shm::DeviceCounters device_on(const char* uuid, int ordinal, std::uint64_t reser
 
 // A child that publishes these devices under prefix and waits; its pid once the record exists.
 pid_t devices_child(const std::string& prefix, std::vector<shm::DeviceCounters> devices) {
-  int pipefd[2];
-  if (::pipe(pipefd) != 0) return -1;
-  pid_t child = ::fork();
-  if (child == 0) {
+  return publishing_child([&] {
     std::string why;
     auto w = shm::RecordWriter::create(shm::RecordWriter::self_name(prefix), "/bin/train",
                                        "train.py", 1, &why);
     if (w) w->publish({devices.data(), devices.size()}, shm::realtime_ns());
-    char c = w ? 'y' : 'n';
-    (void)!::write(pipefd[1], &c, 1);
-    ::pause();
-    ::_exit(0);
-  }
-  char c = 0;
-  bool ok = ::read(pipefd[0], &c, 1) == 1 && c == 'y';
-  ::close(pipefd[0]);
-  ::close(pipefd[1]);
-  if (!ok) {
-    ::kill(child, SIGKILL);
-    ::waitpid(child, nullptr, 0);
-    return -1;
-  }
-  return child;
+    return w != nullptr;
+  });
 }
 
 std::vector<std::string> lines_of(const std::string& text, const std::string& metric) {

@@ -38,6 +38,11 @@ struct DriverCost {
   void map() noexcept;
   void unmap() noexcept;
   void set_access_handle(std::size_t bytes) noexcept;  // once per handle in the range
+  DriverCost& operator+=(const DriverCost& o) noexcept {
+    creates += o.creates, releases += o.releases, maps += o.maps, unmaps += o.unmaps;
+    access_handles += o.access_handles, us += o.us;
+    return *this;
+  }
 
   // Replay counters: driver_us and the call counts.
   std::vector<std::pair<std::string, std::uint64_t>> counters() const;

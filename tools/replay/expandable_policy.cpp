@@ -289,9 +289,7 @@ std::vector<std::pair<std::string, std::uint64_t>> ExpandablePolicy::counters(in
     const ExpandableSegmentsModel& m = *devices_[static_cast<std::size_t>(d)];
     maps += m.maps();
     unmaps += m.unmaps();
-    const DriverCost& c = m.driver_cost();
-    cost.us += c.us, cost.creates += c.creates, cost.maps += c.maps, cost.unmaps += c.unmaps;
-    cost.releases += c.releases, cost.access_handles += c.access_handles;
+    cost += m.driver_cost();
   }
   std::vector<std::pair<std::string, std::uint64_t>> out = {{"maps", maps}, {"unmaps", unmaps}};
   for (auto& c : cost.counters()) out.push_back(std::move(c));

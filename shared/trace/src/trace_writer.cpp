@@ -321,16 +321,20 @@ struct TraceWriter::Impl {
     return true;
   }
 
+  // "gpustitch: trace file PATH: " (the path cut at 400 bytes) at p; returns the end.
+  char* put_path_prefix(char* p) const noexcept {
+    p = put_str(p, "gpustitch: trace file ");
+    const char* path = owner->options_.path.c_str();
+    const std::size_t len = strnlen(path, 400);
+    memcpy(p, path, len);
+    p += len;
+    return put_str(p, ": ");
+  }
+
   void fail(int err) noexcept {
     if (owner->failed_.exchange(true)) return;
     char msg[512 + 64];
-    char* p = msg;
-    p = put_str(p, "gpustitch: trace file ");
-    const char* path = owner->options_.path.c_str();
-    std::size_t len = strnlen(path, 400);
-    memcpy(p, path, len);
-    p += len;
-    p = put_str(p, ": ");
+    char* p = put_path_prefix(msg);
     if (const char* t = errno_text(err)) {
       p = put_str(p, t);
     } else {
@@ -386,13 +390,7 @@ struct TraceWriter::Impl {
     if (n == 0 || owner->failed_.load(std::memory_order_relaxed) || dropped_reported.exchange(true))
       return;
     char msg[512 + 128];
-    char* p = msg;
-    p = put_str(p, "gpustitch: trace file ");
-    const char* path = owner->options_.path.c_str();
-    std::size_t len = strnlen(path, 400);
-    memcpy(p, path, len);
-    p += len;
-    p = put_str(p, ": ");
+    char* p = put_path_prefix(msg);
     p = put_dec(p, n);
     p = put_str(p, n == 1 ? " record" : " records");
     p = put_str(p, " dropped (writing the file could not keep up); the trace is incomplete\n");
