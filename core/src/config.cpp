@@ -104,6 +104,12 @@ const std::vector<KeySpec>& key_specs() {
          }
          return c.max_handle = s, true;
        }},
+      {"handle_share", "a count between 0 and 65536 (0 = no limit)",
+       [](std::string_view v, Config& c) {
+         std::uint64_t n;
+         if (!parse_u64(v, &n) || n > 65536) return false;
+         return c.handle_share = static_cast<unsigned>(n), true;
+       }},
       {"stitching", "on or off",
        [](std::string_view v, Config& c) { return parse_bool(v, &c.stitching); }},
       {"reclaim", "thread or inline",

@@ -59,6 +59,7 @@ LargeHeap::Options heap_options(Backend& backend, const Config& config, int devi
   o.min_handle = config.segment_size;
   o.max_fresh_handles = config.fresh_handles == 0 ? SIZE_MAX : config.fresh_handles;
   o.max_handle = config.max_handle == 0 ? SIZE_MAX : config.max_handle;
+  o.handle_share = config.handle_share;
   o.move = config.stitching;
   o.max_split_size = config.max_split_size;
   return o;
@@ -287,6 +288,16 @@ Block* DevicePool::take_cached(std::size_t rounded, Stream stream) noexcept {
   if (stream != kAnyStream && !stream_free_.empty()) {
     auto it = stream_free_.find(stream);
     if (it != stream_free_.end()) {
+      // Best fit over all the stream may use: its own pending blocks and the fenced free ones.
+      // (Its own first left the smaller free block to others and cut a larger one of its own.)
+      Block probe;
+      probe.size = rounded;
+      probe.ptr = 0;
+      auto own = it->second.lower_bound(probe);
+      auto any = heap_.free_blocks().lower_bound(probe);
+      if (own != it->second.end() && any != heap_.free_blocks().end() && any->size < own->size) {
+        if (Block* b = take_from(heap_, heap_.free_blocks(), rounded, false)) return b;
+      }
       if (Block* b = take_from(heap_, it->second, rounded, true)) return b;
     }
   }

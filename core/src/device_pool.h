@@ -141,7 +141,8 @@ class DevicePool final {
   void park(Arena& a, Block* b) noexcept;     // a's lock held
   void to_device_pending(Block* b) noexcept;  // device lock and b's arena lock (if any) held
   // b, pending on its stream, absorbs its neighbours pending on the same stream (out of `set`
-  // and the fence queue); returns the merged block, in neither.
+  // and the fence queue) and its fenced free ones (out of the heap's free set); returns the
+  // merged block, in neither.
   Block* merge_stream_pending(FreeSet& set, Block* b) noexcept;
   bool drain_large_caches() noexcept;  // device lock NOT held; true if any moved
   std::uint64_t parked_bytes() const noexcept;

@@ -35,6 +35,13 @@
 //     (2 GiB gaps got 32 MiB handles) hf_llama_train needed a 13.19 GiB device (12.62 with it;
 //     expandable segments 12.69), and 20 MiB handles on a 1.90 GiB device failed a request that
 //     fit (hence the 1/1024 cap);
+//   - and none larger than 1/handle_share (128) of what the heap will hold, with at most 16 per
+//     gap: a program holding 700 MiB gets handles of 2-6 MiB, one holding 2.5 GiB or more gets
+//     20 MiB ones. What live blocks pin is then a small share of the heap at every size, and the
+//     driver calls a large program makes barely change (the handles it creates while small are
+//     few). In replay this took the small traces (0.7-1.9 GiB) from 1.044-1.116x of demand to
+//     1.013-1.052x, the training traces stayed at 1.021x, for 15-25% more driver time
+//     (gpt_seqlen_b5: 1,296 handles created against 1,067);
 //   - moving a handle costs a cuMemUnmap (~18 us), a cuMemMap and its share of one
 //     cuMemSetAccess, and no create/release: reserved stays the same. Expandable segments instead
 //     release and re-create pages, and only at out-of-memory;
@@ -66,6 +73,11 @@ namespace {
 // 1,024.
 constexpr std::size_t kMaxScanBlocks = 1024;
 constexpr std::size_t kMaxCandidates = 1024;  // idle handles considered per miss
+// Fresh handles per gap where handle_share makes them small (a fresh 256 MiB block in an empty
+// heap: 16 handles of 16 MiB, not 128 of 2 MiB). In replay 16 held the recorded traces at
+// 1.011-1.052x of demand, 32 and 64 at 1.011-1.052x with bucketed sizes at 1.043x against 1.024x,
+// and 16 created the fewest handles (gpt_seqlen_b5: 1,296 against 1,371).
+constexpr std::size_t kMaxHandlesPerGap = 16;
 
 DevPtr align_down(DevPtr v, std::size_t a) {
   return v / a * a;
@@ -232,7 +244,15 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
   // Handles of at least min_handle, at most max_handle, and as few as max_fresh_handles allow.
   const std::size_t per_gap = std::max<std::size_t>(options_.max_fresh_handles, 1);
   const std::size_t smallest = std::max(align_up(options_.min_handle, g), g);
-  const std::size_t cap = std::min(align_down(options_.max_handle, g), device_handle_cap_);
+  std::size_t cap = std::min(align_down(options_.max_handle, g), device_handle_cap_);
+  // A small heap's handles are small: none above 1/handle_share of what the heap will hold, so
+  // that what live blocks pin stays a small share of it; but a gap takes at most
+  // kMaxHandlesPerGap of them, which bounds what one fresh block costs.
+  if (options_.handle_share != 0) {
+    const std::size_t share = (backing_.held_bytes() + fresh) / options_.handle_share;
+    cap =
+        std::min(cap, std::max({g, align_down(share, g), align_up(fresh / kMaxHandlesPerGap, g)}));
+  }
   const std::size_t max_handle = std::max(smallest, std::min(align_up(fresh / per_gap, g), cap));
   const std::size_t fresh_count = (fresh + max_handle - 1) / max_handle;
   // Nodes for every split below (the window's, two per moved handle, two per handle a failed

@@ -28,6 +28,8 @@ class LargeHeap {
     std::size_t min_handle = 2 * MiB;
     std::size_t max_fresh_handles = 64;
     std::size_t max_handle = SIZE_MAX;
+    // And none above 1/handle_share of the physical memory the heap holds (0: no such bound).
+    std::size_t handle_share = 0;
     bool move = true;  // back requests with idle handles moved from elsewhere
     // PyTorch's max_split_size_mb: free blocks at least this large serve only requests at least
     // this large, and their handles do not move for smaller ones.

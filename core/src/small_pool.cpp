@@ -30,12 +30,20 @@ SmallPool::SmallPool(std::size_t limit, std::size_t granularity) : limit_(limit)
     for (std::size_t num : {5, 6, 7, 8}) sizes.push_back(static_cast<std::uint32_t>(p * num / 4));
   }
   while (sizes.size() > 1 && sizes[sizes.size() - 2] >= limit) sizes.pop_back();
-  for (auto s : sizes) classes_.push_back(SizeClass{s, {}});
+  for (auto s : sizes) classes_.push_back(SizeClass{s, 0, {}});
   spare_.reserve(kMaxSpareChunks + 1);
 }
 
 SmallPool::~SmallPool() {
   for (auto& [base, c] : chunks_) delete c;
+}
+
+std::size_t SmallPool::next_chunk_size(std::uint32_t cls) const {
+  const SizeClass& sc = classes_[cls];
+  const std::size_t first =
+      std::min(chunk_size_, std::max(kMinChunk, std::bit_ceil(kMinSlots * sc.size)));
+  const unsigned doublings = std::min<std::uint32_t>(sc.chunks, 16);
+  return std::min(chunk_size_, first << doublings);
 }
 
 std::uint32_t SmallPool::class_index(std::size_t size) const {
@@ -150,7 +158,14 @@ SmallAlloc SmallPool::allocate_slot(std::size_t size, Stream stream, ChunkSource
   // 2. A fenced free slot, from a partial chunk of the class or else a spare or new chunk. Before
   // a chunk is taken, the queued slots are fenced here if the source says so (see small_pool.h).
   bool from_new = false, fenced = false;
-  if (sc.partial.empty() && !pending_.empty() && source.fence_for_chunk(chunk_size_)) {
+  // Before a chunk comes from the source, the slots the streams keep for themselves join the
+  // fence queue: they may be all that is left in chunks of other classes, which then empty at the
+  // fence and serve this class. (In replay of hf_llama_generate in stream order, 24 chunks held
+  // no live slot, only cached ones, while new classes took fresh chunks.)
+  if (sc.partial.empty() && !stream_caches_.empty() && spare_for(cls) == SIZE_MAX) {
+    drop_stream_caches();
+  }
+  if (sc.partial.empty() && !pending_.empty() && source.fence_for_chunk(next_chunk_size(cls))) {
     promote(UINT64_MAX, source);
     fenced = true;
   }
@@ -192,7 +207,7 @@ void SmallPool::free(Chunk* c, std::uint32_t slot, Stream stream, std::uint64_t 
 void SmallPool::carve(Chunk* c, std::uint32_t cls) {
   // No queue or cache entry names c (live == pending == 0, or new), so its tables start afresh;
   // generations only grow, so that a slot index never repeats one it had under an earlier class.
-  const std::uint32_t n = static_cast<std::uint32_t>(chunk_size_ / classes_[cls].size);
+  const std::uint32_t n = static_cast<std::uint32_t>(c->size / classes_[cls].size);
   c->cls = cls;
   c->slot_size = classes_[cls].size;
   c->nslots = n;
@@ -203,22 +218,31 @@ void SmallPool::carve(Chunk* c, std::uint32_t cls) {
   if (c->gen.size() < n) c->gen.resize(n, 0);
 }
 
-Chunk* SmallPool::new_chunk(std::uint32_t cls, ChunkSource& source, bool* from_source) {
-  if (!spare_.empty()) {
-    // A spare of this class keeps its free list as it is; otherwise the newest spare is carved.
-    std::size_t pick = spare_.size() - 1;
-    for (std::size_t i = spare_.size(); i-- > 0;) {
-      if (spare_[i]->cls == cls) {
-        pick = i;
-        break;
-      }
+std::size_t SmallPool::spare_for(std::uint32_t cls) const {
+  // A spare of this class keeps its free list as it is; otherwise the smallest spare at least as
+  // large as the class's next chunk is carved (the newest of equals). The memory is held already,
+  // so a spare is used before the source is asked.
+  const std::size_t want = next_chunk_size(cls);
+  std::size_t pick = SIZE_MAX;
+  for (std::size_t i = spare_.size(); i-- > 0;) {
+    if (spare_[i]->cls == cls) return i;
+    if (spare_[i]->size >= want && (pick == SIZE_MAX || spare_[i]->size < spare_[pick]->size)) {
+      pick = i;
     }
+  }
+  return pick;
+}
+
+Chunk* SmallPool::new_chunk(std::uint32_t cls, ChunkSource& source, bool* from_source) {
+  const std::size_t pick = spare_for(cls);
+  if (pick != SIZE_MAX) {
     Chunk* c = spare_[pick];
     if (c->cls != cls) carve(c, cls);  // may throw: c is still a spare then
     spare_.erase(spare_.begin() + static_cast<std::ptrdiff_t>(pick));
+    ++classes_[cls].chunks;
     return c;
   }
-  Block* block = source.take_chunk(chunk_size_);
+  Block* block = source.take_chunk(next_chunk_size(cls));
   if (block == nullptr) return nullptr;
   // Without host memory for the chunk's tables the block goes straight back: no slot names it.
   std::unique_ptr<Chunk> c(new (std::nothrow) Chunk);
@@ -226,6 +250,7 @@ Chunk* SmallPool::new_chunk(std::uint32_t cls, ChunkSource& source, bool* from_s
     if (c == nullptr) throw std::bad_alloc();
     c->block = block;
     c->base = block->ptr;
+    c->size = block->size;
     carve(c.get(), cls);
     chunks_.emplace(c->base, c.get());
   } catch (...) {
@@ -233,6 +258,7 @@ Chunk* SmallPool::new_chunk(std::uint32_t cls, ChunkSource& source, bool* from_s
     throw;
   }
   *from_source = true;
+  ++classes_[cls].chunks;
   return c.release();
 }
 
@@ -260,6 +286,7 @@ void SmallPool::promote(std::uint64_t epoch, ChunkSource& source) noexcept {
     c->free_slots.push_back(ref.slot);
     if (c->live == 0 && c->pending == 0) {
       remove_partial(c);
+      --classes_[c->cls].chunks;
       spare_.push_back(c);
       if (spare_.size() > kMaxSpareChunks) {
         release_spares(spare_.size() - kMaxSpareChunks / 2, source);
@@ -278,12 +305,12 @@ std::size_t SmallPool::release_empty(ChunkSource& source) noexcept {
 
 Chunk* SmallPool::chunk_of(DevPtr ptr) const {
   // A thread mostly frees what it just allocated: the last chunk found is checked first.
-  if (Chunk* last = last_chunk_; last != nullptr && ptr - last->base < chunk_size_) return last;
+  if (Chunk* last = last_chunk_; last != nullptr && ptr - last->base < last->size) return last;
   auto it = chunks_.upper_bound(ptr);
   if (it == chunks_.begin()) return nullptr;
   --it;
   Chunk* c = it->second;
-  if (ptr >= c->base + chunk_size_) return nullptr;
+  if (ptr >= c->base + c->size) return nullptr;
   last_chunk_ = c;
   return c;
 }

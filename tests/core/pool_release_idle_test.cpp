@@ -85,7 +85,10 @@ TEST(PoolReleaseIdle, ReleasesAboutWhatIsAskedAndKeepsLiveBytes) {
 TEST(PoolReleaseIdle, ReleasesLittleMoreThanAsked) {
   TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated device's usage accounting";
-  Pool pool(*dev.backend, inline_config());
+  Config config = inline_config();
+  config.fresh_handles = 64;  // the layout below: 1/64 of each block, at least 2 MiB
+  config.handle_share = 0;
+  Pool pool(*dev.backend, config);
   std::vector<DevPtr> ptrs;
   for (std::size_t mb : {256, 32, 64}) {
     DevPtr p = 0;

@@ -110,3 +110,29 @@ TEST(PoolSmallPool, EmptyChunksKeptByAnArenaAreBoundedAndTrimTakesThem) {
   EXPECT_EQ(pool.stats(0).bytes_reserved, 2 * MiB);
   EXPECT_EQ(pool.deallocate(other), Status::ok);
 }
+
+// A program with one live object in each of many size classes holds a few small chunks, not a
+// 2 MiB chunk per class: each class's first chunk holds 16 slots (64 KiB at least), and the
+// chunks share 2 MiB handles (small_pool.h). Twelve classes held 24 MiB before.
+TEST(PoolSmallPool, AFewObjectsInManyClassesHoldLittleMemory) {
+  TestDevice dev = make_test_device();
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated device";
+  Pool pool(*dev.backend, inline_config());
+  const std::size_t sizes[] = {512,     1 * KiB,  2 * KiB,  3 * KiB,  4 * KiB,  6 * KiB,
+                               8 * KiB, 12 * KiB, 16 * KiB, 24 * KiB, 32 * KiB, 48 * KiB};
+  std::vector<DevPtr> ptrs;
+  for (std::size_t size : sizes) {
+    DevPtr p = 0;
+    ASSERT_EQ(pool.allocate(0, size, kAnyStream, &p), Status::ok);
+    stamp(dev, p, size, p ^ size);
+    ptrs.push_back(p);
+  }
+  for (std::size_t i = 0; i < ptrs.size(); ++i) {
+    EXPECT_TRUE(check(dev, ptrs[i], sizes[i], ptrs[i] ^ sizes[i])) << sizes[i];
+  }
+  EXPECT_EQ(small_segments(pool), 12u);
+  EXPECT_LE(pool.stats(0).bytes_reserved, 4 * MiB) << "3 MiB of chunks in 2 MiB handles";
+  for (DevPtr p : ptrs) ASSERT_EQ(pool.deallocate(p), Status::ok);
+  pool.trim(0);
+  EXPECT_EQ(pool.validate(0), "");
+}

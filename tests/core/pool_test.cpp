@@ -94,8 +94,11 @@ TEST(Pool, FreshHandlesAreAtMostMaxHandleMb) {
     const char* conf;
     std::size_t creates;
   };
-  for (Case c : {Case{"", 103}, Case{"max_handle_mb:0", 2}, Case{"max_handle_mb:256", 8},
-                 Case{"max_handle_mb:16", 128}, Case{"fresh_handles:16,max_handle_mb:0", 16}}) {
+  // handle_share (the next test) is off where it would make the handles smaller than the case
+  // is about.
+  for (Case c : {Case{"", 103}, Case{"max_handle_mb:0,handle_share:0", 2},
+                 Case{"max_handle_mb:256,handle_share:0", 8}, Case{"max_handle_mb:16", 128},
+                 Case{"fresh_handles:16,max_handle_mb:0", 16}}) {
     ConfigResult r = parse_config(c.conf, inline_config());
     ASSERT_TRUE(r.errors.empty()) << c.conf;
     const auto creates = dev.sim->calls(SimOp::create);
@@ -110,6 +113,87 @@ TEST(Pool, FreshHandlesAreAtMostMaxHandleMb) {
       ASSERT_EQ(pool.deallocate(p), Status::ok);
     }
   }
+}
+
+// A small heap's handles are small (handle_share: at most 1/128 of what the heap will hold, but
+// at most 16 per fresh range), so that what a live block pins stays a small share of it; a large
+// heap's reach max_handle_mb. The memory a small program frees then moves piece by piece.
+TEST(Pool, SmallHeapsGetSmallHandles) {
+  TestDevice dev = make_test_device({.capacity = 1024 * GiB});
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend's call counters";
+  Pool pool(*dev.backend, inline_config());
+  auto creates_for = [&](std::size_t size, DevPtr* p) {
+    const auto before = dev.sim->calls(SimOp::create);
+    EXPECT_EQ(pool.allocate(0, size, kAnyStream, p), Status::ok);
+    return dev.sim->calls(SimOp::create) - before;
+  };
+  DevPtr a = 0, b = 0, c = 0;
+  ASSERT_EQ(creates_for(32 * MiB, &a), 16u) << "an empty heap: 16 handles of 2 MiB";
+  EXPECT_EQ(creates_for(4 * GiB, &b), 205u) << "20 MiB handles (max_handle_mb)";
+  EXPECT_EQ(creates_for(100 * MiB, &c), 5u) << "a large heap: 20 MiB handles";
+  for (DevPtr p : {a, b, c}) {
+    stamp(dev, p, 32 * MiB, p);
+    EXPECT_TRUE(check(dev, p, 32 * MiB, p));
+  }
+  for (DevPtr p : {a, b, c}) ASSERT_EQ(pool.deallocate(p), Status::ok);
+  EXPECT_EQ(pool.validate(0), "");
+}
+
+TEST(Pool, WithoutHandleShareASmallHeapsRangeIsOneHandle) {
+  TestDevice dev = make_test_device({.capacity = 1024 * GiB});
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend's call counters";
+  Config off = inline_config();
+  off.handle_share = 0;
+  Pool pool(*dev.backend, off);
+  const auto before = dev.sim->calls(SimOp::create);
+  DevPtr d = 0;
+  ASSERT_EQ(pool.allocate(0, 32 * MiB, kAnyStream, &d), Status::ok);
+  EXPECT_EQ(dev.sim->calls(SimOp::create) - before, 2u) << "20 + 12 MiB";
+  ASSERT_EQ(pool.deallocate(d), Status::ok);
+}
+
+// A block freed on a stream merges with its fenced free neighbours at once, as it would under
+// cudaFree semantics: the stream can take a request larger than either without new memory.
+TEST(Pool, BlockFreedOnAStreamMergesWithItsFreeNeighbours) {
+  SimOptions slow_fences;
+  slow_fences.call_ns[static_cast<std::size_t>(SimOp::synchronize)] = 200'000;
+  TestDevice dev = make_test_device(slow_fences);
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
+  Pool pool(*dev.backend, Config{});  // the reclaimer thread, as in a program
+  const Stream s = 0x61;
+  DevPtr warm = 0;
+  ASSERT_EQ(pool.allocate(0, 8 * MiB, s, &warm), Status::ok);
+  ASSERT_EQ(pool.deallocate(warm, s), Status::ok);
+  pool.drain_pending(0);  // one slow fence: the pool does not wait for fences below
+  DevPtr a = 0, b = 0, keep = 0;
+  ASSERT_EQ(pool.allocate(0, 48 * MiB, s, &a), Status::ok);
+  ASSERT_EQ(pool.allocate(0, 48 * MiB, s, &b), Status::ok);
+  ASSERT_EQ(pool.allocate(0, 48 * MiB, s, &keep), Status::ok);
+  ASSERT_EQ(b, a + 48 * MiB) << "the test needs neighbours";
+  stamp(dev, keep, 48 * MiB, 0x78);
+  ASSERT_EQ(pool.deallocate(a, s), Status::ok);
+  pool.drain_pending(0);       // a is fenced: free for anyone
+  dev.sim->hold_device(true);  // a kernel runs: b's free below is not fenced
+  ASSERT_EQ(pool.deallocate(b, s), Status::ok);
+  const DeviceStats before = pool.stats(0);
+  DevPtr both = 0;
+  ASSERT_EQ(pool.allocate(0, 96 * MiB, s, &both), Status::ok);
+  EXPECT_EQ(both, a) << "a and b, merged";
+  const DeviceStats after = pool.stats(0);
+  EXPECT_EQ(after.bytes_reserved, before.bytes_reserved) << "no new memory";
+  stamp(dev, both, 96 * MiB, 0x98);
+  EXPECT_TRUE(check(dev, both, 96 * MiB, 0x98));
+  EXPECT_TRUE(check(dev, keep, 48 * MiB, 0x78));
+  // The merged block is the stream's until its fence: another stream gets other memory.
+  ASSERT_EQ(pool.deallocate(both, s), Status::ok);
+  DevPtr other = 0;
+  ASSERT_EQ(pool.allocate(0, 64 * MiB, 0x62, &other), Status::ok);
+  EXPECT_TRUE(other + 64 * MiB <= a || other >= a + 96 * MiB) << "reused before its fence";
+  dev.sim->hold_device(false);
+  ASSERT_EQ(pool.deallocate(other, 0x62), Status::ok);
+  ASSERT_EQ(pool.deallocate(keep, s), Status::ok);
+  pool.drain_pending(0);
+  EXPECT_EQ(pool.validate(0), "");
 }
 
 // Blocks freed on one stream merge for that stream at once, as PyTorch's blocks of one stream do:
