@@ -118,6 +118,8 @@ const std::vector<KeySpec>& key_specs() {
          if (v == "inline") return c.background_reclaim = false, true;
          return false;
        }},
+      {"stream_miss_fence", "on or off",
+       [](std::string_view v, Config& c) { return parse_bool(v, &c.stream_miss_fence); }},
       {"large_cache_mb", "a size in MiB (0 = off)",
        [](std::string_view v, Config& c) { return parse_scaled(v, MiB, &c.large_cache); }},
       {"sim_capacity_mb", "a size in MiB (>= 1)",

@@ -127,7 +127,9 @@ Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
   // pool serves, so that its free needs no device lock either.
   Arena* owner = config_.large_cache != 0 && rounded >= size ? &arena_for_thread() : nullptr;
   Status status = Status::ok;
+  bool may_wait = stream != kAnyStream && config_.stream_miss_fence;
   for (int attempt = 0; attempt < 2; ++attempt) {
+    bool wait = false;
     {
       std::unique_lock<HybridLock> arena_lock;
       bool grow = false;  // take more memory: the arena's fitting blocks wait for one fence
@@ -154,7 +156,8 @@ Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
       }
       status = b != nullptr     ? Status::ok
                : rounded < size ? Status::out_of_memory
-                                : allocate_large(size, rounded, stream, &b, outcome, owner, grow);
+                                : allocate_large(size, rounded, stream, &b, outcome, owner, grow,
+                                                 may_wait ? &wait : nullptr);
       if (status == Status::ok) {
         b->requested = size;
         b->stream = stream;
@@ -179,7 +182,13 @@ Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
         note_peak();
         break;
       }
-      if (status != Status::out_of_memory || attempt == 1) break;
+      if (!wait && (status != Status::out_of_memory || attempt == 1)) break;
+    }
+    if (wait) {  // once per allocation, then it grows
+      wait_for_reclaimer();
+      may_wait = false;
+      --attempt;
+      continue;
     }
     // Out of memory with the large pool alone: fence small frees and take back empty chunks
     // (the arena locks come before the device lock, so this happens outside it), then retry.
@@ -190,7 +199,8 @@ Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
 }
 
 Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream stream, Block** out,
-                                  Outcome* outcome, Arena* owner, bool grow) noexcept {
+                                  Outcome* outcome, Arena* owner, bool grow,
+                                  bool* wait_for_fence) noexcept {
   (void)size;
   auto cached = [&] {
     Block* b = take_cached(rounded, stream);
@@ -243,11 +253,21 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
   // PyTorch's cache off held 0.5-1.5 GiB more at its peak when it grew instead (18.6 GiB with
   // every miss fenced, 19.1-19.8 GiB without). Idle memory elsewhere is moved first (no fresh
   // memory, no wait); a stream-ordered allocation never waits.
-  if (stream == kAnyStream && fq_head_ != nullptr && stats_.bytes_pending >= rounded / 2 &&
-      stats_.bytes_pending * 64 >= stats_.bytes_reserved) {
+  //
+  // A stream-ordered allocation (stream_miss_fence) waits too, but never with the lock held on a
+  // busy device, and only for a bounded time: a program that orders its streams by hand (an
+  // NCCL kernel waiting for a peer that waits for this allocation) must not deadlock. The caller
+  // waits for the reclaimer's fence without the locks (wait_for_reclaimer) and retries.
+  if ((stream == kAnyStream || config_.stream_miss_fence) && fq_head_ != nullptr &&
+      stats_.bytes_pending >= rounded / 2 && stats_.bytes_pending * 64 >= stats_.bytes_reserved) {
     if (grow_heap(rounded, out, outcome, /*fresh=*/false)) return Status::ok;
-    fence_locked();
-    if (cached()) return Status::ok;
+    if (stream == kAnyStream || fence_is_cheap(last_fence_ns_.load(std::memory_order_relaxed))) {
+      fence_locked();
+      if (cached()) return Status::ok;
+    } else if (wait_for_fence != nullptr) {
+      *wait_for_fence = true;
+      return Status::out_of_memory;
+    }
   }
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (grow_heap(rounded, out, outcome)) return Status::ok;

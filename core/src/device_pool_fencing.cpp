@@ -4,6 +4,10 @@
 // thread.
 #include "device_pool.h"
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
 #include "device_pool_internal.h"
 
 namespace gpustitch::detail {
@@ -36,6 +40,24 @@ void DevicePool::fence_locked() noexcept {
     promote(target);
   }
   last_fence_ns_.store(monotonic_ns() - start, std::memory_order_relaxed);
+}
+
+void DevicePool::wait_for_reclaimer() noexcept {
+  // The wait is bounded by a few times the last fence (a busy device drains its queue in about
+  // that), at least 1 ms and at most 20 ms, after which the allocation takes fresh memory as
+  // it would have: never a hang, whatever the program's streams wait for.
+  const std::uint64_t target = epoch_.load();
+  const std::uint64_t last = last_fence_ns_.load(std::memory_order_relaxed);
+  const std::uint64_t bound =
+      std::clamp<std::uint64_t>(last == UINT64_MAX ? 0 : 4 * last, 1'000'000, 20'000'000);
+  reclaimer_.kick();
+  const std::uint64_t start = monotonic_ns();
+  while (completed_epoch_.load(std::memory_order_acquire) < target &&
+         monotonic_ns() - start < bound) {
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  std::lock_guard lock(mu_);
+  promote(completed_epoch_.load(std::memory_order_acquire));
 }
 
 bool DevicePool::fence_pass() noexcept {
