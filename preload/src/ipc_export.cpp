@@ -70,19 +70,19 @@ struct Export {
 };
 
 struct Lease {
-  int fd;
-  DevPtr base;
+  int fd = -1;
+  DevPtr base = 0;
 };
 
 struct Server {
-  std::mutex mu;  // exports and the start; never held across a socket call
+  std::mutex mu;  // exports, leases and the start; never held across a socket call
   Pool* pool = nullptr;
   std::unordered_map<DevPtr, std::unique_ptr<Export>> by_base;
   std::unordered_map<std::uint64_t, Export*> by_id;
   std::uint64_t next_id = 1;
   int listen_fd = -1;
   bool started = false;
-  // The server thread's own (and a forked child's, which has no server thread).
+  // Open leases: changed by the server thread only, under mu (so that a fork sees them whole).
   std::vector<Lease> leases;
 };
 
@@ -239,6 +239,7 @@ bool serve_request(Server& s, int fd) noexcept {
     return false;
   }
   try {
+    std::lock_guard lock(s.mu);  // against fork_child (leases are otherwise the thread's own)
     s.leases.push_back({fd, base});
   } catch (...) {
     pool->unpin(base);
@@ -251,6 +252,7 @@ void serve(Server& s, int listen_fd) noexcept {
   std::vector<pollfd> fds;
   for (;;) {
     try {
+      std::lock_guard lock(s.mu);
       fds.assign(1, pollfd{listen_fd, POLLIN, 0});
       for (const Lease& l : s.leases) fds.push_back({l.fd, POLLIN, 0});
     } catch (...) {
@@ -269,8 +271,12 @@ void serve(Server& s, int listen_fd) noexcept {
       ssize_t got = recv(fds[i].fd, buf, sizeof buf, MSG_DONTWAIT);
       if (got > 0 || (got < 0 && (errno == EAGAIN || errno == EINTR))) continue;
       // Closed by the importer (cudaIpcCloseMemHandle, or its process ended).
-      const Lease lease = s.leases[i - 1];
-      s.leases.erase(s.leases.begin() + static_cast<std::ptrdiff_t>(i - 1));
+      Lease lease;
+      {
+        std::lock_guard lock(s.mu);
+        lease = s.leases[i - 1];
+        s.leases.erase(s.leases.begin() + static_cast<std::ptrdiff_t>(i - 1));
+      }
       close(lease.fd);
       s.pool->unpin(lease.base);
     }
