@@ -34,7 +34,23 @@ class Peer {
     if (pipe(in) != 0 || pipe(out) != 0) return;
     std::vector<std::string> env;
     for (char** e = environ; *e != nullptr; ++e) {
-      if (without_shim && std::strncmp(*e, "LD_PRELOAD=", 11) == 0) continue;
+      if (without_shim && std::strncmp(*e, "LD_PRELOAD=", 11) == 0) {
+        // Only the shim goes: a sanitizer build's runtime must stay first.
+        std::string kept = "LD_PRELOAD=", entry;
+        for (const char* c = *e + 11;; ++c) {
+          if (*c == ':' || *c == ' ' || *c == '\0') {
+            if (!entry.empty() && entry.find("libgpustitch") == std::string::npos) {
+              kept += (kept.size() > 11 ? ":" : "") + entry;
+            }
+            entry.clear();
+            if (*c == '\0') break;
+          } else {
+            entry += *c;
+          }
+        }
+        env.push_back(kept);
+        continue;
+      }
       env.emplace_back(*e);
     }
     std::vector<char*> envp;
