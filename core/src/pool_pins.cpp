@@ -14,9 +14,13 @@
 // and the stream may be gone by then. Nothing of this runs while nothing is pinned: deallocate()
 // and find() read one atomic counter first.
 //
-// Lock order: pins_mu_ is never held while calling into a device pool or the pinned-free handler,
-// so the handler may unpin and an unpin may free.
+// pins_mu_ is a shared mutex: lookups (every free and find while something is pinned) share it,
+// only pin, unpin and a deferred free take it alone. Lock order: pins_mu_ is never held while
+// calling into a device pool or the pinned-free handler, so the handler may unpin and an unpin may
+// free.
+#include <mutex>
 #include <new>
+#include <shared_mutex>
 
 #include "gpustitch/pool.h"
 
@@ -57,6 +61,10 @@ void Pool::set_pinned_free_handler(PinnedFreeHandler handler, void* context) noe
 
 bool Pool::defer_pinned_free(DevPtr ptr, Status* status) noexcept {
   {
+    std::shared_lock look(pins_mu_);  // the common case: ptr is not pinned
+    if (pins_.find(ptr) == pins_.end()) return false;
+  }
+  {
     std::lock_guard lock(pins_mu_);
     auto it = pins_.find(ptr);
     if (it == pins_.end()) return false;
@@ -74,7 +82,7 @@ bool Pool::defer_pinned_free(DevPtr ptr, Status* status) noexcept {
 }
 
 bool Pool::pinned_and_freed(DevPtr ptr) const noexcept {
-  std::lock_guard lock(pins_mu_);
+  std::shared_lock lock(pins_mu_);
   auto it = pins_.find(ptr);
   return it != pins_.end() && it->second.freed;
 }

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -172,13 +173,14 @@ class Pool {
   std::unique_ptr<std::unique_ptr<detail::DevicePool>[]> devices_;
 
   // Pins (pool_pins.cpp). pinned_ counts the blocks in pins_, read without the lock on the free
-  // path; pins_mu_ comes after any lock of the caller's and before every device lock.
+  // path; pins_mu_ (shared for lookups, so that frees on many threads do not take turns while
+  // something is pinned) is never held while calling into a device pool.
   struct Pin {
     unsigned count = 0;
     bool freed = false;  // deallocate() was called: free it at the last unpin
   };
   std::atomic<std::size_t> pinned_{0};
-  mutable std::mutex pins_mu_;
+  mutable std::shared_mutex pins_mu_;
   std::unordered_map<DevPtr, Pin> pins_;
   std::atomic<PinnedFreeHandler> pinned_free_handler_{nullptr};
   std::atomic<void*> pinned_free_context_{nullptr};
