@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
 """CUDA IPC on pool memory with PyTorch: torch.multiprocessing shares a CUDA tensor (GPU machine).
 
-Run on a GPU machine with torch, under the shim, on its default PyTorch path and with PyTorch's
-cache kept:
+Run on a GPU machine with torch, under the shim, with PyTorch's cache kept (its caching allocator
+shares its segments, which are pool blocks, through the shim's IPC), and natively as the control:
+
+    BUILD/tools/gpustitch run --keep-framework-cache -- python3 tools/gpu/ipc_check.py
+    python3 tools/gpu/ipc_check.py
+
+Under plain `gpustitch run` (PyTorch's backend:cudaMallocAsync) PyTorch refuses to share CUDA
+tensors itself, natively too; the check then fails naming that refusal:
 
     BUILD/tools/gpustitch run -- python3 tools/gpu/ipc_check.py
-    BUILD/tools/gpustitch run --keep-framework-cache -- python3 tools/gpu/ipc_check.py
 
 A producer process makes CUDA tensors (4 KiB, 1 MiB, 64 MiB: small-pool slots and large blocks
 under the shim), fills them with a known pattern and sends them to a consumer started with the
@@ -103,8 +108,8 @@ def main():
             out["error"] = str(e).splitlines()[0]
             if "shareIpcHandle" in str(e):
                 out["error"] += (
-                    " (PyTorch refuses IPC for this allocator backend itself; run with"
-                    " --keep-framework-cache, or PYTORCH_CUDA_ALLOC_CONF unset)"
+                    " (PyTorch refuses IPC for this allocator backend itself, natively too;"
+                    " run under `gpustitch run --keep-framework-cache`)"
                 )
             raise
         what, res = q_out.get(timeout=120)
