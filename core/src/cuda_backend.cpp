@@ -20,14 +20,15 @@
 // runtime uses, so synchronizing it fences the work of every runtime-based caller.
 //
 // Physical memory. Each handle is CU_MEM_ALLOCATION_TYPE_PINNED on the device. When the device
-// supports it the handle is created exportable as a POSIX file descriptor (so a later IPC path can
-// share pool memory with cuMemExportToShareableHandle) and GPUDirect-RDMA capable (so NICs can
+// supports it, and the caller did not say otherwise (make_cuda_backend's shareable: ipc:native),
+// the handle is created exportable as a POSIX file descriptor (so that CUDA IPC on pool memory can
+// share it with cuMemExportToShareableHandle) and GPUDirect-RDMA capable (so NICs can
 // register pool memory like cudaMalloc memory). If the driver rejects those optional properties
 // at probe time they are dropped rather than failing every allocation; handles created without the
 // file-descriptor type are not exportable (export_handle: not_supported), so CUDA IPC on pool
 // memory then fails with the error the shim reports. What asking for the type costs per cuMemCreate
-// is measured by tools/gpu/vmm_probe ("cuMemCreate with the POSIX fd handle type" rows; see
-// docs/preload.md, "CUDA IPC on pool memory").
+// is measured by tools/gpu/vmm_probe (its "POSIX fd handle type" rows against "no shareable
+// type"; see docs/preload.md, "CUDA IPC on pool memory").
 //
 // Map offsets. Whether cuMemMap accepts a non-zero offset into a handle decides whether the pool
 // can stitch free slices of a partly used big handle or only whole free handles. Older driver docs
@@ -440,7 +441,8 @@ CUresult settle_allocation_properties(const Driver& d, DeviceInfo& info) noexcep
   }
 }
 
-std::unique_ptr<Backend> load(std::string* why, DriverResolver resolver, void* resolver_context) {
+std::unique_ptr<Backend> load(std::string* why, DriverResolver resolver, void* resolver_context,
+                              bool shareable) {
   Loader loader{resolver, resolver_context, nullptr};
   if (resolver == nullptr) {
     void* lib = driver_library();
@@ -543,8 +545,9 @@ std::unique_ptr<Backend> load(std::string* why, DriverResolver resolver, void* r
     info.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     info.prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     info.prop.location.id = info.device;
-    info.prop.requestedHandleTypes =
-        posix_fd != 0 ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
+    info.prop.requestedHandleTypes = posix_fd != 0 && shareable
+                                         ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+                                         : CU_MEM_HANDLE_TYPE_NONE;
     info.prop.allocFlags.gpuDirectRDMACapable = rdma != 0 ? 1 : 0;
 
     // The probes below need a context on this thread; leave the caller's stack as it was.
@@ -576,9 +579,9 @@ std::unique_ptr<Backend> load(std::string* why, DriverResolver resolver, void* r
 }  // namespace
 
 std::unique_ptr<Backend> make_cuda_backend(std::string* why, DriverResolver resolver,
-                                           void* resolver_context) {
+                                           void* resolver_context, bool shareable) {
   try {
-    return load(why, resolver, resolver_context);
+    return load(why, resolver, resolver_context, shareable);
   } catch (...) {
     set_why(why, "unexpected failure while loading the CUDA driver");
     return nullptr;
