@@ -3,10 +3,13 @@
 // drives an importer, ipc_peer, over its stdin/stdout.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -316,6 +319,55 @@ TEST(IpcHandles, AProcessOfAnotherUserIsRefused) {
   }
   EXPECT_EQ(rc, kInvalidValue);
   EXPECT_EQ(cudaFree(p), kSuccess);
+}
+
+// fork() while exporting: the child has no server and forgets the parent's exports; closing its
+// copies of the sockets ends none of the parent's leases, and the parent keeps serving.
+TEST(IpcHandles, AForkedChildLeavesTheParentsExportsAndLeasesAlone) {
+  const std::uint64_t before = shim::stats(0).bytes_allocated;
+  void* p = nullptr;
+  ASSERT_EQ(cudaMalloc(&p, 2 * MiB), kSuccess);
+  std::memset(p, 0x66, 2 * MiB);
+  unsigned char handle[64];
+  ASSERT_EQ(cudaIpcGetMemHandle(handle, p), kSuccess);
+  Peer peer;
+  ASSERT_EQ(peer.open(handle), kSuccess);
+  EXPECT_EQ(cudaFree(p), kSuccess);  // deferred: the peer maps it
+  pid_t child = fork();
+  if (child == 0) {
+    // Nobody listens in the child under its own name.
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    const int n =
+        gpustitch::preload::ipc::socket_name(addr.sun_path + 1, sizeof addr.sun_path - 1,
+                                             static_cast<std::uint32_t>(getpid()), getuid());
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    const bool refused =
+        connect(fd, reinterpret_cast<sockaddr*>(&addr),
+                static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n)) != 0;
+    _exit(refused ? 0 : 1);
+  }
+  ASSERT_GT(child, 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_GT(shim::stats(0).bytes_allocated, before);  // the lease still holds the block
+  EXPECT_TRUE(peer.check(0x66, 2 * MiB));
+  void* q = nullptr;
+  ASSERT_EQ(cudaMalloc(&q, 2 * MiB), kSuccess);
+  std::memset(q, 0x67, 2 * MiB);
+  unsigned char second[64];
+  ASSERT_EQ(cudaIpcGetMemHandle(second, q), kSuccess);
+  {
+    Peer other;
+    ASSERT_EQ(other.open(second), kSuccess);  // the server still runs
+    EXPECT_TRUE(other.check(0x67, 2 * MiB));
+    EXPECT_EQ(other.close_handle(), kSuccess);
+  }
+  EXPECT_EQ(cudaFree(q), kSuccess);
+  EXPECT_EQ(peer.close_handle(), kSuccess);
+  EXPECT_TRUE(allocated_drops_to(before)) << shim::stats(0).bytes_allocated;
 }
 
 TEST(IpcHandles, CredentialCheckAdmitsTheSameUserAndRootOnly) {
