@@ -22,7 +22,8 @@ std::unique_ptr<Backend> make_backend(const Config& config, std::string* why,
   if (why != nullptr) *why = "this build has no CUDA backend";
   return nullptr;
 #else
-  return make_cuda_backend(why, resolver, resolver_context);
+  // ipc:native: pool memory is never exported, so its handles need no shareable type.
+  return make_cuda_backend(why, resolver, resolver_context, !config.ipc_native);
 #endif
 }
 

@@ -20,10 +20,15 @@
 // runtime uses, so synchronizing it fences the work of every runtime-based caller.
 //
 // Physical memory. Each handle is CU_MEM_ALLOCATION_TYPE_PINNED on the device. When the device
-// supports it the handle is created exportable as a POSIX file descriptor (so a later IPC path can
-// share pool memory with cuMemExportToShareableHandle) and GPUDirect-RDMA capable (so NICs can
+// supports it, and the caller did not say otherwise (make_cuda_backend's shareable: ipc:native),
+// the handle is created exportable as a POSIX file descriptor (so that CUDA IPC on pool memory can
+// share it with cuMemExportToShareableHandle) and GPUDirect-RDMA capable (so NICs can
 // register pool memory like cudaMalloc memory). If the driver rejects those optional properties
-// at probe time they are dropped rather than failing every allocation.
+// at probe time they are dropped rather than failing every allocation; handles created without the
+// file-descriptor type are not exportable (export_handle: not_supported), so CUDA IPC on pool
+// memory then fails with the error the shim reports. What asking for the type costs per cuMemCreate
+// is measured by tools/gpu/vmm_probe (its "POSIX fd handle type" rows against "no shareable
+// type"; see docs/preload.md, "CUDA IPC on pool memory").
 //
 // Map offsets. Whether cuMemMap accepts a non-zero offset into a handle decides whether the pool
 // can stitch free slices of a partly used big handle or only whole free handles. Older driver docs
@@ -39,6 +44,7 @@
 #include <cuda.h>
 #include <dlfcn.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <new>
@@ -79,6 +85,9 @@ struct Driver {
   decltype(&::cuThreadExchangeStreamCaptureMode) cuThreadExchangeStreamCaptureMode = nullptr;
   // Optional: without it, device_uuid() reports not_supported.
   decltype(&::cuDeviceGetUuid) cuDeviceGetUuid = nullptr;
+  // Optional: without them, export_handle() and import_handle() report not_supported.
+  decltype(&::cuMemExportToShareableHandle) cuMemExportToShareableHandle = nullptr;
+  decltype(&::cuMemImportFromShareableHandle) cuMemImportFromShareableHandle = nullptr;
 };
 
 // While another thread captures a CUDA graph in the global capture mode, "unsafe" calls from any
@@ -225,6 +234,39 @@ class CudaBackend final : public Backend {
     return to_status(driver_.cuMemRelease(static_cast<CUmemGenericAllocationHandle>(handle)));
   }
 
+  // Handles are exportable only when every device's handles were created with the POSIX file
+  // descriptor type (settle_allocation_properties drops it where the driver refuses it); a handle
+  // does not say which device it is on.
+  Status export_handle(PhysHandle handle, int* fd) noexcept override {
+    if (fd == nullptr) return Status::invalid_value;
+    if (driver_.cuMemExportToShareableHandle == nullptr || !exportable()) {
+      return Status::not_supported;
+    }
+    ContextIfNone guard(driver_, any_primary());
+    int out = -1;
+    const CUresult r = driver_.cuMemExportToShareableHandle(
+        &out, static_cast<CUmemGenericAllocationHandle>(handle),
+        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    if (r != CUDA_SUCCESS) return to_status(r);
+    *fd = out;
+    return Status::ok;
+  }
+
+  Status import_handle(int device, int fd, std::size_t size, PhysHandle* out) noexcept override {
+    (void)size;  // the driver knows the size from the handle
+    if (!valid(device)) return Status::invalid_device;
+    if (out == nullptr || fd < 0) return Status::invalid_value;
+    if (driver_.cuMemImportFromShareableHandle == nullptr) return Status::not_supported;
+    ContextIfNone guard(driver_, devices_[device].primary);
+    CUmemGenericAllocationHandle handle = 0;
+    const CUresult r = driver_.cuMemImportFromShareableHandle(
+        &handle, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
+        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    if (r != CUDA_SUCCESS) return to_status(r);
+    *out = static_cast<PhysHandle>(handle);
+    return Status::ok;
+  }
+
   Status map(DevPtr ptr, std::size_t size, PhysHandle handle,
              std::size_t offset) noexcept override {
     ContextIfNone guard(driver_, any_primary());
@@ -324,6 +366,12 @@ class CudaBackend final : public Backend {
   CUcontext any_primary() const noexcept {
     return devices_.empty() ? nullptr : devices_.front().primary;
   }
+  bool exportable() const noexcept {
+    for (const DeviceInfo& d : devices_) {
+      if (d.prop.requestedHandleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return false;
+    }
+    return !devices_.empty();
+  }
 
   const Driver driver_;
   const std::vector<DeviceInfo> devices_;
@@ -393,7 +441,8 @@ CUresult settle_allocation_properties(const Driver& d, DeviceInfo& info) noexcep
   }
 }
 
-std::unique_ptr<Backend> load(std::string* why, DriverResolver resolver, void* resolver_context) {
+std::unique_ptr<Backend> load(std::string* why, DriverResolver resolver, void* resolver_context,
+                              bool shareable) {
   Loader loader{resolver, resolver_context, nullptr};
   if (resolver == nullptr) {
     void* lib = driver_library();
@@ -420,6 +469,10 @@ std::unique_ptr<Backend> load(std::string* why, DriverResolver resolver, void* r
           loader.resolve("cuThreadExchangeStreamCaptureMode"));
   d.cuDeviceGetUuid =
       reinterpret_cast<decltype(d.cuDeviceGetUuid)>(loader.resolve("cuDeviceGetUuid"));
+  d.cuMemExportToShareableHandle = reinterpret_cast<decltype(d.cuMemExportToShareableHandle)>(
+      loader.resolve("cuMemExportToShareableHandle"));
+  d.cuMemImportFromShareableHandle = reinterpret_cast<decltype(d.cuMemImportFromShareableHandle)>(
+      loader.resolve("cuMemImportFromShareableHandle"));
   if (missing != nullptr) {
     char text[160];
     std::snprintf(text, sizeof text, "driver entry point %s not found (driver too old?)", missing);
@@ -492,8 +545,9 @@ std::unique_ptr<Backend> load(std::string* why, DriverResolver resolver, void* r
     info.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     info.prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     info.prop.location.id = info.device;
-    info.prop.requestedHandleTypes =
-        posix_fd != 0 ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
+    info.prop.requestedHandleTypes = posix_fd != 0 && shareable
+                                         ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+                                         : CU_MEM_HANDLE_TYPE_NONE;
     info.prop.allocFlags.gpuDirectRDMACapable = rdma != 0 ? 1 : 0;
 
     // The probes below need a context on this thread; leave the caller's stack as it was.
@@ -525,9 +579,9 @@ std::unique_ptr<Backend> load(std::string* why, DriverResolver resolver, void* r
 }  // namespace
 
 std::unique_ptr<Backend> make_cuda_backend(std::string* why, DriverResolver resolver,
-                                           void* resolver_context) {
+                                           void* resolver_context, bool shareable) {
   try {
-    return load(why, resolver, resolver_context);
+    return load(why, resolver, resolver_context, shareable);
   } catch (...) {
     set_why(why, "unexpected failure while loading the CUDA driver");
     return nullptr;

@@ -63,6 +63,8 @@ class DevicePool final {
   void reset_peak_allocated() noexcept;
   void reset_peak_reserved() noexcept;
   Status memory_map(std::vector<MappedSegment>* out) const noexcept;  // memory_map.cpp
+  // The handles behind [ptr, ptr+size) of a live block (physical_layout.cpp).
+  Status physical_layout(DevPtr ptr, std::size_t size, PhysicalLayout* out) const noexcept;
   void drain_pending() noexcept;
   std::string validate() const;  // Pool::validate
 

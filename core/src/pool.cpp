@@ -66,6 +66,14 @@ void Pool::set_out_of_memory_handler(OutOfMemoryHandler handler, void* context) 
 }
 
 Status Pool::deallocate(DevPtr ptr, Stream stream) noexcept {
+  Status deferred = Status::ok;
+  if (pinned_.load(std::memory_order_acquire) != 0 && defer_pinned_free(ptr, &deferred)) {
+    return deferred;
+  }
+  return deallocate_now(ptr, stream);
+}
+
+Status Pool::deallocate_now(DevPtr ptr, Stream stream) noexcept {
   for (int d = 0; d < device_count_; ++d) {
     Outcome outcome;
     if (devices_[d]->deallocate(ptr, stream, &outcome) == Status::ok) {
@@ -78,7 +86,14 @@ Status Pool::deallocate(DevPtr ptr, Stream stream) noexcept {
 
 bool Pool::find(DevPtr ptr, BlockInfo* out) const noexcept {
   for (int d = 0; d < device_count_; ++d) {
-    if (devices_[d]->find(ptr, out)) return true;
+    BlockInfo info;
+    if (devices_[d]->find(ptr, &info)) {
+      if (pinned_.load(std::memory_order_acquire) != 0 && pinned_and_freed(info.base)) {
+        return false;
+      }
+      if (out != nullptr) *out = info;
+      return true;
+    }
   }
   return false;
 }
@@ -140,11 +155,13 @@ void Pool::drain_pending(int device) noexcept {
 }
 
 void Pool::atfork_prepare() noexcept {
+  pins_mu_.lock();
   for (int d = 0; d < device_count_; ++d) devices_[d]->lock();
 }
 
 void Pool::atfork_parent() noexcept {
   for (int d = device_count_ - 1; d >= 0; --d) devices_[d]->unlock();
+  pins_mu_.unlock();
 }
 
 void Pool::atfork_child() noexcept {
@@ -152,6 +169,7 @@ void Pool::atfork_child() noexcept {
     devices_[d]->unlock();
     devices_[d]->after_fork_child();
   }
+  pins_mu_.unlock();
 }
 
 }  // namespace gpustitch

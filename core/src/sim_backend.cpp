@@ -29,6 +29,7 @@ struct SimBackend::State {
     int fd;
     std::size_t size;
     int device;
+    bool imported = false;  // import_handle: another backend counts its bytes
   };
   struct MappingInfo {
     std::size_t size;
@@ -357,9 +358,48 @@ Status SimBackend::release(PhysHandle handle) noexcept {
   if (it == state_->handles.end()) return Status::invalid_value;
   // Like cuMemRelease: existing mappings keep the memory alive (the kernel does that for us).
   close(it->second.fd);
-  state_->used[it->second.device] -= it->second.size;
-  if (state_->shared != nullptr) state_->shared->used[it->second.device].fetch_sub(it->second.size);
+  if (!it->second.imported) {
+    state_->used[it->second.device] -= it->second.size;
+    if (state_->shared != nullptr) {
+      state_->shared->used[it->second.device].fetch_sub(it->second.size);
+    }
+  }
   state_->handles.erase(it);
+  return Status::ok;
+}
+
+Status SimBackend::export_handle(PhysHandle handle, int* fd) noexcept {
+  if (fd == nullptr) return Status::invalid_value;
+  std::lock_guard lock(state_->mu);
+  auto it = state_->handles.find(handle);
+  if (it == state_->handles.end()) return Status::invalid_value;
+  const int copy = fcntl(it->second.fd, F_DUPFD_CLOEXEC, 0);
+  if (copy < 0) return Status::error;
+  *fd = copy;
+  return Status::ok;
+}
+
+Status SimBackend::import_handle(int device, int fd, std::size_t size, PhysHandle* out) noexcept {
+  if (device < 0 || device >= options_.devices) return Status::invalid_device;
+  if (out == nullptr || fd < 0 || size == 0 || size % options_.granularity != 0) {
+    return Status::invalid_value;
+  }
+  struct stat st {};
+  // A memfd of at least size bytes, as create() makes them; anything else is not a handle.
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<std::size_t>(st.st_size) < size) {
+    return Status::invalid_value;
+  }
+  const int copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (copy < 0) return Status::error;
+  std::lock_guard lock(state_->mu);
+  PhysHandle id = state_->next_handle++;
+  try {
+    state_->handles.emplace(id, State::HandleInfo{copy, size, device, true});
+  } catch (const std::bad_alloc&) {
+    close(copy);
+    return Status::out_of_memory;
+  }
+  *out = id;
   return Status::ok;
 }
 

@@ -55,6 +55,8 @@ static_assert(sizeof(CUmemPool_attribute) == sizeof(int));
 static_assert(sizeof(cudaMemPoolAttr) == sizeof(int));
 static_assert(sizeof(CUipcMemHandle) == c::kIpcHandleSize);
 static_assert(sizeof(cudaIpcMemHandle_t) == c::kIpcHandleSize);
+static_assert(sizeof(c::IpcMemHandle) == sizeof(CUipcMemHandle));
+static_assert(alignof(c::IpcMemHandle) == alignof(CUipcMemHandle));
 static_assert(sizeof(CUdeviceptr) == sizeof(c::CUdeviceptr));
 static_assert(sizeof(CUresult) == sizeof(c::CUresult));
 static_assert(sizeof(cudaError_t) == sizeof(c::cudaError));

@@ -80,6 +80,10 @@ inline constexpr int CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12;
 inline constexpr unsigned CU_MEMORYTYPE_DEVICE = 2;
 
 inline constexpr std::size_t kIpcHandleSize = 64;
+// CUipcMemHandle / cudaIpcMemHandle_t: passed by value to the open calls.
+struct IpcMemHandle {
+  char reserved[kIpcHandleSize];
+};
 
 // CUmemAllocationProp: the shim reads only where a cuMemCreate puts its memory, location {type,
 // id}, at this offset (pinned against cuda.h in abi_check.cpp); the struct is otherwise opaque.
@@ -110,6 +114,8 @@ using PFN_cuMemGetAddressRange_v2 = CUresult (*)(CUdeviceptr*, std::size_t*, CUd
 using PFN_cuPointerGetAttribute = CUresult (*)(void*, int, CUdeviceptr);
 using PFN_cuPointerGetAttributes = CUresult (*)(unsigned, int*, void**, CUdeviceptr);
 using PFN_cuIpcGetMemHandle = CUresult (*)(void*, CUdeviceptr);
+using PFN_cuIpcOpenMemHandle_v2 = CUresult (*)(CUdeviceptr*, IpcMemHandle, unsigned);
+using PFN_cuIpcCloseMemHandle = CUresult (*)(CUdeviceptr);
 using PFN_cuCtxEnablePeerAccess = CUresult (*)(CUcontext, unsigned);
 using PFN_cuGetProcAddress = CUresult (*)(const char*, void**, int, cuuint64);
 using PFN_cuGetProcAddress_v2 = CUresult (*)(const char*, void**, int, cuuint64, int*);
@@ -143,6 +149,8 @@ using PFN_cudaMallocPitch = cudaError (*)(void**, std::size_t*, std::size_t, std
 using PFN_cudaMemGetInfo = cudaError (*)(std::size_t*, std::size_t*);
 using PFN_cudaDeviceEnablePeerAccess = cudaError (*)(int, unsigned);
 using PFN_cudaIpcGetMemHandle = cudaError (*)(void*, void*);
+using PFN_cudaIpcOpenMemHandle = cudaError (*)(void**, IpcMemHandle, unsigned);
+using PFN_cudaIpcCloseMemHandle = cudaError (*)(void*);
 using PFN_cudaDeviceGetDefaultMemPool = cudaError (*)(CUmemoryPool*, int);
 using PFN_cudaMemPoolGetAttribute = cudaError (*)(CUmemoryPool, int, void*);
 using PFN_cudaMemPoolSetAttribute = cudaError (*)(CUmemoryPool, int, void*);

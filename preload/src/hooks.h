@@ -26,6 +26,8 @@
   X(cuPointerGetAttribute, false)           \
   X(cuPointerGetAttributes, false)          \
   X(cuIpcGetMemHandle, false)               \
+  X(cuIpcOpenMemHandle_v2, false)           \
+  X(cuIpcCloseMemHandle, false)             \
   X(cuCtxEnablePeerAccess, false)           \
   X(cuDeviceGetDefaultMemPool, false)       \
   X(cuMemPoolGetAttribute, false)           \
@@ -50,6 +52,8 @@
   X(cudaMemGetInfo, true)                   \
   X(cudaDeviceEnablePeerAccess, true)       \
   X(cudaIpcGetMemHandle, true)              \
+  X(cudaIpcOpenMemHandle, true)             \
+  X(cudaIpcCloseMemHandle, true)            \
   X(cudaDeviceGetDefaultMemPool, true)      \
   X(cudaMemPoolGetAttribute, true)          \
   X(cudaMemPoolSetAttribute, true)          \
@@ -89,6 +93,7 @@ using gpustitch::cuda::CUmemoryPool;
 using gpustitch::cuda::CUresult;
 using gpustitch::cuda::CUstream;
 using gpustitch::cuda::cuuint64;
+using gpustitch::cuda::IpcMemHandle;
 
 CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize);
 CUresult cuMemFree_v2(CUdeviceptr dptr);
@@ -103,6 +108,8 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUdeviceptr dp
 CUresult cuPointerGetAttribute(void* data, int attribute, CUdeviceptr ptr);
 CUresult cuPointerGetAttributes(unsigned count, int* attributes, void** data, CUdeviceptr ptr);
 CUresult cuIpcGetMemHandle(void* handle, CUdeviceptr dptr);
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* dptr, IpcMemHandle handle, unsigned flags);
+CUresult cuIpcCloseMemHandle(CUdeviceptr dptr);
 CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags);
 CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool, int device);
 CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void* value);
@@ -132,6 +139,8 @@ cudaError cudaMallocPitch(void** ptr, size_t* pitch, size_t width, size_t height
 cudaError cudaMemGetInfo(size_t* free, size_t* total);
 cudaError cudaDeviceEnablePeerAccess(int peer, unsigned flags);
 cudaError cudaIpcGetMemHandle(void* handle, void* ptr);
+cudaError cudaIpcOpenMemHandle(void** ptr, IpcMemHandle handle, unsigned flags);
+cudaError cudaIpcCloseMemHandle(void* ptr);
 cudaError cudaDeviceGetDefaultMemPool(CUmemoryPool* pool, int device);
 cudaError cudaMemPoolGetAttribute(CUmemoryPool pool, int attr, void* value);
 cudaError cudaMemPoolSetAttribute(CUmemoryPool pool, int attr, void* value);

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "hooks.h"
+#include "ipc.h"
 #include "program_memory.h"
 #include "real_api.h"
 #include "shim.h"
@@ -248,18 +249,50 @@ __attribute__((visibility("default"))) CUresult cuPointerGetAttributes(unsigned 
   return CUDA_SUCCESS;
 }
 
+// CUDA IPC (ipc.h), as in hooks_runtime.cpp.
 __attribute__((visibility("default"))) CUresult cuIpcGetMemHandle(void* handle, CUdeviceptr dptr) {
   Pool* pool = pl::existing_pool();
   if (pool && handle && dptr && pool->find(dptr)) {
-    static std::atomic<bool> warned{false};
-    if (!warned.exchange(true)) {
-      pl::log().error(
-          "cuIpcGetMemHandle on pool memory is not supported; run with GPUSTITCH_CONF=ipc:native "
-          "to keep cudaMalloc/cuMemAlloc allocations native so they can be shared");
+    if (pl::ipc_native()) {
+      static std::atomic<bool> warned{false};
+      if (!warned.exchange(true)) {
+        pl::log().error(
+            "cuIpcGetMemHandle on pool memory with ipc:native: only cudaMalloc/cuMemAlloc "
+            "allocations stay native and can be shared; this one came from the pool");
+      }
+      return CUDA_ERROR_NOT_SUPPORTED;
     }
-    return CUDA_ERROR_NOT_SUPPORTED;
+    const Status s = pl::ipc::export_block(*pool, dptr, handle);
+    return pl::to_curesult(s);
   }
   return forward<PFN_cuIpcGetMemHandle>(Hook::cuIpcGetMemHandle, handle, dptr);
+}
+
+__attribute__((visibility("default"))) CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* dptr,
+                                                                      IpcMemHandle handle,
+                                                                      unsigned flags) {
+  if (pl::ipc::is_pool_handle(&handle)) {
+    Pool* pool = pl::serving_pool();
+    int device = 0;
+    if (!dptr) return CUDA_ERROR_INVALID_VALUE;
+    if (pool) {
+      if (!pl::driver_current_device(&device)) return CUDA_ERROR_INVALID_CONTEXT;
+      DevPtr out = 0;
+      const Status s = pl::ipc::open_handle(*pool, &handle, device, &out);
+      if (s == Status::ok) *dptr = out;
+      return pl::to_curesult(s);
+    }
+  }
+  return forward<PFN_cuIpcOpenMemHandle_v2>(Hook::cuIpcOpenMemHandle_v2, dptr, handle, flags);
+}
+
+__attribute__((visibility("default"))) CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
+  Pool* pool = pl::existing_pool();
+  Status s = Status::ok;
+  if (pool && dptr && pl::ipc::close_handle(*pool, dptr, &s)) {
+    return pl::to_curesult(s);
+  }
+  return forward<PFN_cuIpcCloseMemHandle>(Hook::cuIpcCloseMemHandle, dptr);
 }
 
 __attribute__((visibility("default"))) CUresult cuCtxEnablePeerAccess(CUcontext peer,

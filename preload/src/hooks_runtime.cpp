@@ -8,6 +8,7 @@
 #include <atomic>
 
 #include "hooks.h"
+#include "ipc.h"
 #include "program_memory.h"
 #include "real_api.h"
 #include "shim.h"
@@ -187,18 +188,51 @@ __attribute__((visibility("default"))) cudaError cudaDeviceEnablePeerAccess(int 
   return r;
 }
 
+// CUDA IPC (ipc.h): a pool block is exported by the shim, a pool handle opened by it; everything
+// else is the runtime's. Under ipc:native pool blocks keep their old answer (not supported): the
+// opt-out leaves cudaMalloc memory native for the runtime's own IPC.
 __attribute__((visibility("default"))) cudaError cudaIpcGetMemHandle(void* handle, void* ptr) {
   Pool* pool = pl::existing_pool();
   if (pool && handle && ptr && pool->find(reinterpret_cast<DevPtr>(ptr))) {
-    static std::atomic<bool> warned{false};
-    if (!warned.exchange(true)) {
-      pl::log().error(
-          "cudaIpcGetMemHandle on pool memory is not supported; run with GPUSTITCH_CONF=ipc:native "
-          "to keep cudaMalloc allocations native so they can be shared");
+    if (pl::ipc_native()) {
+      static std::atomic<bool> warned{false};
+      if (!warned.exchange(true)) {
+        pl::log().error(
+            "cudaIpcGetMemHandle on pool memory with ipc:native: only cudaMalloc allocations stay "
+            "native and can be shared; this one came from the pool");
+      }
+      return cudaErrorNotSupported;
     }
-    return cudaErrorNotSupported;
+    const Status s = pl::ipc::export_block(*pool, reinterpret_cast<DevPtr>(ptr), handle);
+    return pl::to_cuda_error(s);
   }
   return forward<PFN_cudaIpcGetMemHandle>(Hook::cudaIpcGetMemHandle, handle, ptr);
+}
+
+__attribute__((visibility("default"))) cudaError cudaIpcOpenMemHandle(void** ptr,
+                                                                      IpcMemHandle handle,
+                                                                      unsigned flags) {
+  if (pl::ipc::is_pool_handle(&handle)) {
+    Pool* pool = pl::serving_pool();
+    int device = 0;
+    if (!ptr) return cudaErrorInvalidValue;
+    if (pool && pl::runtime_current_device(&device)) {
+      DevPtr out = 0;
+      const Status s = pl::ipc::open_handle(*pool, &handle, device, &out);
+      if (s == Status::ok) *ptr = reinterpret_cast<void*>(out);
+      return pl::to_cuda_error(s);
+    }
+  }
+  return forward<PFN_cudaIpcOpenMemHandle>(Hook::cudaIpcOpenMemHandle, ptr, handle, flags);
+}
+
+__attribute__((visibility("default"))) cudaError cudaIpcCloseMemHandle(void* ptr) {
+  Pool* pool = pl::existing_pool();
+  Status s = Status::ok;
+  if (pool && ptr && pl::ipc::close_handle(*pool, reinterpret_cast<DevPtr>(ptr), &s)) {
+    return pl::to_cuda_error(s);
+  }
+  return forward<PFN_cudaIpcCloseMemHandle>(Hook::cudaIpcCloseMemHandle, ptr);
 }
 
 }  // extern "C"

@@ -59,6 +59,8 @@ const ProcEntry kProcs[] = {
     {"cuPointerGetAttributes", 7000, Hook::cuPointerGetAttributes, Hook::cuPointerGetAttributes,
      false},
     {"cuIpcGetMemHandle", 4010, Hook::cuIpcGetMemHandle, Hook::cuIpcGetMemHandle, false},
+    {"cuIpcOpenMemHandle", 11000, Hook::cuIpcOpenMemHandle_v2, Hook::cuIpcOpenMemHandle_v2, false},
+    {"cuIpcCloseMemHandle", 4010, Hook::cuIpcCloseMemHandle, Hook::cuIpcCloseMemHandle, false},
     {"cuCtxEnablePeerAccess", 4000, Hook::cuCtxEnablePeerAccess, Hook::cuCtxEnablePeerAccess,
      false},
     {"cuDeviceGetDefaultMemPool", 11020, Hook::cuDeviceGetDefaultMemPool,

@@ -264,6 +264,27 @@ TEST_F(CudaBackendFakeDriver, RequestsExportableRdmaHandlesAndDropsWhatIsRejecte
   EXPECT_EQ(fake.last_prop.requestedHandleTypes, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
 }
 
+// ipc:native (shareable false): pool memory is never exported, so no handle asks for the type,
+// and export_handle says not_supported, as it does for a driver without the export entry point.
+TEST_F(CudaBackendFakeDriver, WithoutShareableHandlesNothingIsExportable) {
+  std::string why;
+  auto be = gpustitch::make_cuda_backend(&why, &resolve, nullptr, /*shareable=*/false);
+  ASSERT_NE(be, nullptr) << why;
+  PhysHandle h = 0;
+  ASSERT_EQ(be->create(0, kGranularity, &h), Status::ok);
+  EXPECT_EQ(fake.last_prop.requestedHandleTypes, CU_MEM_HANDLE_TYPE_NONE);
+  EXPECT_EQ(fake.last_prop.allocFlags.gpuDirectRDMACapable, 1);
+  int fd = -1;
+  EXPECT_EQ(be->export_handle(h, &fd), Status::not_supported);
+  EXPECT_EQ(fd, -1);
+  auto shareable = load();
+  ASSERT_NE(shareable, nullptr);
+  ASSERT_EQ(shareable->create(0, kGranularity, &h), Status::ok);
+  EXPECT_EQ(fake.last_prop.requestedHandleTypes, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  EXPECT_EQ(shareable->export_handle(h, &fd), Status::not_supported)
+      << "this stand-in driver has no cuMemExportToShareableHandle";
+}
+
 TEST_F(CudaBackendFakeDriver, DeviceQueriesRunInThatDevicesPrimaryContext) {
   auto be = load();
   ASSERT_NE(be, nullptr);

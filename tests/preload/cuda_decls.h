@@ -29,6 +29,14 @@ int cudaStreamCreate(CUstream_st**);
 int cudaStreamDestroy(CUstream_st*);
 int cudaDeviceEnablePeerAccess(int, unsigned);
 int cudaIpcGetMemHandle(void*, void*);
+struct IpcHandle {  // cudaIpcMemHandle_t / CUipcMemHandle, passed by value
+  char reserved[64];
+};
+int cudaIpcOpenMemHandle(void**, IpcHandle, unsigned);
+int cudaIpcCloseMemHandle(void*);
+int cuIpcGetMemHandle(void*, CUdeviceptr);
+int cuIpcOpenMemHandle_v2(CUdeviceptr*, IpcHandle, unsigned);
+int cuIpcCloseMemHandle(CUdeviceptr);
 int cudaGetDriverEntryPoint(const char*, void**, unsigned long long, int*);
 int cudaGetDriverEntryPointByVersion(const char*, void**, unsigned, unsigned long long, int*);
 }

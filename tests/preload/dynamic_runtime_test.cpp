@@ -319,11 +319,21 @@ TEST_F(DynamicRuntime, PointerQueriesAnswerForPoolBlocks) {
   ASSERT_EQ(cudaSetDevice(0), kSuccess);
 }
 
-TEST_F(DynamicRuntime, IpcOnPoolMemoryIsAClearError) {
+// Between processes: ipc_test.cpp. Here: a pool block's handle is the shim's ("GPUSTIPC"), the
+// same for every call on one block, and a fresh one once the block was freed.
+TEST_F(DynamicRuntime, IpcHandleOfPoolMemoryIsTheShims) {
   void* p = nullptr;
   ASSERT_EQ(cudaMalloc(&p, 4096), kSuccess);
-  unsigned char handle[64];
-  EXPECT_EQ(cudaIpcGetMemHandle(handle, p), kNotSupported);
+  unsigned char handle[64], again[64];
+  ASSERT_EQ(cudaIpcGetMemHandle(handle, p), kSuccess);
+  EXPECT_EQ(std::memcmp(handle, "GPUSTIPC", 8), 0);
+  ASSERT_EQ(cudaIpcGetMemHandle(again, p), kSuccess);
+  EXPECT_EQ(std::memcmp(handle, again, sizeof handle), 0);
+  EXPECT_EQ(cudaFree(p), kSuccess);
+  EXPECT_FALSE(shim::owns(p));  // freed at once: no process had opened it
+  ASSERT_EQ(cudaMalloc(&p, 4096), kSuccess);
+  ASSERT_EQ(cudaIpcGetMemHandle(again, p), kSuccess);
+  EXPECT_NE(std::memcmp(handle, again, sizeof handle), 0);
   EXPECT_EQ(cudaFree(p), kSuccess);
 }
 

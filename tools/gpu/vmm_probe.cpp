@@ -4,7 +4,10 @@
 //     and HIP say the offset must be 0). If it does, free slices of a partly used big handle can
 //     be stitched; if not, only whole free handles can.
 //  2. The cost of each VMM call for one handle of 2 MiB, 64 MiB and 1 GiB.
-//  3. The cost of stitching 1 GiB from 512 x 2 MiB handles, from 16 x 64 MiB handles, and from
+//  3. What asking for the POSIX file descriptor handle type at cuMemCreate costs (CUDA IPC on
+//     pool memory needs it), alone and with RDMA as the backend asks, and what exporting a handle
+//     as a descriptor and importing it back cost.
+//  4. The cost of stitching 1 GiB from 512 x 2 MiB handles, from 16 x 64 MiB handles, and from
 //     slices of one 1 GiB handle (offset maps, when supported): create, map, set access, unmap,
 //     release, each phase timed as a whole. "remap" maps the same pieces again into a new range
 //     and sets access: the cost of re-stitching memory the pool already holds.
@@ -17,6 +20,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -42,6 +46,8 @@ namespace {
   X(cuMemUnmap) \
   X(cuMemSetAccess) \
   X(cuMemGetInfo) \
+  X(cuMemExportToShareableHandle) \
+  X(cuMemImportFromShareableHandle) \
   X(cuDriverGetVersion)
 // clang-format on
 
@@ -295,6 +301,54 @@ int main(int argc, char** argv) {
           p, false);
     }
     prop = plain;
+  }
+  // The POSIX fd type alone against no shareable type (CUDA IPC on pool memory), and the cost of
+  // one export (cuMemExportToShareableHandle) and one import (cuMemImportFromShareableHandle).
+  {
+    int posix_fd = 0;
+    drv.cuDeviceGetAttribute(&posix_fd,
+                             CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev);
+    if (!posix_fd) {
+      std::printf(
+          "| cuMemCreate, POSIX fd handle type | not supported by the device | | | | | | | |\n");
+    } else {
+      const CUmemAllocationProp plain = prop;
+      for (std::size_t size : {2ull << 20, 64ull << 20, 1ull << 30}) {
+        Phases none, fd;
+        for (int r = 0; r < reps; ++r) {  // interleaved, so drift affects both alike
+          prop = plain;
+          single_handle(size, none);
+          prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+          single_handle(size, fd);
+        }
+        row("one " + size_name(size) + " handle, no shareable type", none, false);
+        row("one " + size_name(size) + " handle, POSIX fd handle type", fd, false);
+      }
+      prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+      std::vector<double> exports, imports;
+      for (int r = 0; r < reps; ++r) {
+        CUmemGenericAllocationHandle h, back;
+        CHECK(drv.cuMemCreate(&h, 2ull << 20, &prop, 0));
+        int fd = -1;
+        auto t = Clock::now();
+        CHECK(
+            drv.cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+        exports.push_back(us_since(t));
+        t = Clock::now();
+        CHECK(drv.cuMemImportFromShareableHandle(&back,
+                                                 reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
+                                                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+        imports.push_back(us_since(t));
+        CHECK(drv.cuMemRelease(back));
+        CHECK(drv.cuMemRelease(h));
+        if (FILE* f = fdopen(fd, "r")) std::fclose(f);  // closes fd (unistd.h's access clashes)
+      }
+      prop = plain;
+      std::printf(
+          "| 2 MiB handle: export as fd %.1f us, import from fd %.1f us (median) | | | | | "
+          "| | | |\n",
+          median(exports), median(imports));
+    }
   }
   struct Case {
     std::size_t piece;

@@ -59,6 +59,27 @@ class Backend {
   virtual Status set_access(DevPtr ptr, std::size_t size,
                             std::span<const int> devices) noexcept = 0;
 
+  // Sharing physical memory with another process (CUDA IPC on pool memory, preload/src/ipc_*.cpp).
+  // export_handle: a POSIX file descriptor for handle that the caller owns and closes
+  // (cuMemExportToShareableHandle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR). not_supported when
+  // the backend created its handles without that handle type (a driver or device that refused it).
+  virtual Status export_handle(PhysHandle handle, int* fd) noexcept {
+    (void)handle;
+    (void)fd;
+    return Status::not_supported;
+  }
+  // import_handle: a handle of this process for the size bytes of physical memory behind fd, an
+  // export_handle result received from another process (cuMemImportFromShareableHandle). fd stays
+  // the caller's. The handle maps like one from create() and goes with release(); it counts
+  // nowhere in this process's device capacity (the exporter's process holds the memory).
+  virtual Status import_handle(int device, int fd, std::size_t size, PhysHandle* out) noexcept {
+    (void)device;
+    (void)fd;
+    (void)size;
+    (void)out;
+    return Status::not_supported;
+  }
+
   // Block until all work queued on the device before the call has completed. Called only off the
   // allocation fast path (the reclaimer thread, or an allocation that would otherwise fail).
   virtual Status synchronize(int device) noexcept = 0;

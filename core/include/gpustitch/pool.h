@@ -4,7 +4,9 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "gpustitch/backend.h"
@@ -42,6 +44,25 @@ class DevicePool;
 // into the pool (trim, stats) but must not allocate from it.
 using OutOfMemoryHandler = bool (*)(int device, std::size_t size, void* context) noexcept;
 
+// The physical memory behind a live block, for sharing it with another process (CUDA IPC): the
+// handles mapped side by side over it, each mapped whole (backing.h), from `base` on. The block
+// itself starts `offset` bytes into that range.
+struct PhysicalLayout {
+  struct Piece {
+    PhysHandle handle = 0;
+    std::size_t size = 0;
+  };
+  int device = -1;
+  DevPtr base = 0;            // where the first handle is mapped
+  std::size_t size = 0;       // the pieces' sizes summed
+  std::size_t offset = 0;     // block - base
+  std::vector<Piece> pieces;  // in address order
+};
+
+// Called by deallocate() for a block that is pinned (Pool::pin), after its free was deferred, on
+// the freeing thread with no pool lock held. It may call unpin() (which may then free the block).
+using PinnedFreeHandler = void (*)(DevPtr base, void* context) noexcept;
+
 class Pool {
  public:
   // backend must outlive the pool. observer may be null; it must outlive the pool.
@@ -67,6 +88,21 @@ class Pool {
 
   // Whether ptr lies in a live allocation of the pool; fills out if so (interior pointers too).
   bool find(DevPtr ptr, BlockInfo* out = nullptr) const noexcept;
+
+  // Pins: keep a block's memory out of reuse while another process maps it (CUDA IPC, see
+  // preload/src/ipc_export.cpp). pin(base) counts one more pin on the live block that starts at
+  // base (invalid_value if there is none). While a block is pinned, deallocate() of it succeeds
+  // but only defers the free: the block stays allocated (its bytes count as allocated, find() no
+  // longer sees it, a second free of it is invalid_value) and the pinned-free handler runs. The
+  // last unpin() of a freed block frees it then, with cudaFree semantics (reusable after a fence).
+  // Cost when nothing is pinned: one atomic load in deallocate() and find().
+  Status pin(DevPtr base) noexcept;
+  void unpin(DevPtr base) noexcept;
+  void set_pinned_free_handler(PinnedFreeHandler handler, void* context) noexcept;
+
+  // The physical memory behind the live block containing ptr (PhysicalLayout). The handles stay
+  // valid while the block is live or pinned. invalid_value for a pointer the pool does not own.
+  Status physical_layout(DevPtr ptr, PhysicalLayout* out) const noexcept;
 
   // Releases idle cached physical memory of device back to the driver (all of it, after waiting
   // for pending frees). Returns the bytes released.
@@ -135,6 +171,23 @@ class Pool {
   std::vector<std::unique_ptr<const OomHandler>> oom_handlers_;
   int device_count_ = 0;
   std::unique_ptr<std::unique_ptr<detail::DevicePool>[]> devices_;
+
+  // Pins (pool_pins.cpp). pinned_ counts the blocks in pins_, read without the lock on the free
+  // path; pins_mu_ (shared for lookups, so that frees on many threads do not take turns while
+  // something is pinned) is never held while calling into a device pool.
+  struct Pin {
+    unsigned count = 0;
+    bool freed = false;  // deallocate() was called: free it at the last unpin
+  };
+  std::atomic<std::size_t> pinned_{0};
+  mutable std::shared_mutex pins_mu_;
+  std::unordered_map<DevPtr, Pin> pins_;
+  std::atomic<PinnedFreeHandler> pinned_free_handler_{nullptr};
+  std::atomic<void*> pinned_free_context_{nullptr};
+  // deallocate()'s check: true when ptr is pinned and its free was deferred (*status says how).
+  bool defer_pinned_free(DevPtr ptr, Status* status) noexcept;
+  bool pinned_and_freed(DevPtr ptr) const noexcept;
+  Status deallocate_now(DevPtr ptr, Stream stream) noexcept;
 };
 
 }  // namespace gpustitch

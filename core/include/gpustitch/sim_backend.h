@@ -81,6 +81,10 @@ class SimBackend final : public Backend {
   Status unmap(DevPtr ptr, std::size_t size) noexcept override;
   Status set_access(DevPtr ptr, std::size_t size, std::span<const int> devices) noexcept override;
   Status synchronize(int device) noexcept override;
+  // Export: a dup of the handle's memfd. Import: a dup of the received one, not counted in the
+  // device's capacity (the exporting backend counts it).
+  Status export_handle(PhysHandle handle, int* fd) noexcept override;
+  Status import_handle(int device, int fd, std::size_t size, PhysHandle* out) noexcept override;
 
   // --- test controls ---------------------------------------------------------------------------
   // The nth call (1 = the next one) of op from now fails with status. 0 disarms.

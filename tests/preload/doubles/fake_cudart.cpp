@@ -24,6 +24,9 @@ namespace {
 using CUresult = int;
 using CUdeviceptr = std::uintptr_t;
 using cudaError = int;
+struct IpcHandle {  // CUipcMemHandle / cudaIpcMemHandle_t, passed by value
+  char reserved[64];
+};
 
 struct Table {
   CUresult (*init)(unsigned) = nullptr;
@@ -47,6 +50,8 @@ struct Table {
   CUresult (*mem_free_host)(void*) = nullptr;
   CUresult (*mem_get_info)(std::size_t*, std::size_t*) = nullptr;
   CUresult (*ipc_get_mem_handle)(void*, CUdeviceptr) = nullptr;
+  CUresult (*ipc_open_mem_handle)(CUdeviceptr*, IpcHandle, unsigned) = nullptr;
+  CUresult (*ipc_close_mem_handle)(CUdeviceptr) = nullptr;
   CUresult (*device_get_default_mem_pool)(void**, int) = nullptr;
   CUresult (*mem_pool_get_attribute)(void*, int, void*) = nullptr;
   CUresult (*mem_pool_set_attribute)(void*, int, void*) = nullptr;
@@ -89,6 +94,8 @@ void fill(Table& t, std::uint64_t flags) {
   get("cuMemFreeHost", &t.mem_free_host, flags);
   get("cuMemGetInfo", &t.mem_get_info, flags);
   get("cuIpcGetMemHandle", &t.ipc_get_mem_handle, flags);
+  get("cuIpcOpenMemHandle", &t.ipc_open_mem_handle, flags);
+  get("cuIpcCloseMemHandle", &t.ipc_close_mem_handle, flags);
   get("cuDeviceGetDefaultMemPool", &t.device_get_default_mem_pool, flags);
   get("cuMemPoolGetAttribute", &t.mem_pool_get_attribute, flags);
   get("cuMemPoolSetAttribute", &t.mem_pool_set_attribute, flags);
@@ -257,6 +264,18 @@ RT cudaError cudaDeviceEnablePeerAccess(int peer, unsigned flags) {
 RT cudaError cudaIpcGetMemHandle(void* handle, void* p) {
   READY();
   return record(to_runtime(g_legacy.ipc_get_mem_handle(handle, reinterpret_cast<CUdeviceptr>(p))));
+}
+RT cudaError cudaIpcOpenMemHandle(void** p, IpcHandle handle, unsigned flags) {
+  READY();
+  if (!p) return record(1);
+  CUdeviceptr d = 0;
+  CUresult r = g_legacy.ipc_open_mem_handle(&d, handle, flags);
+  if (r == 0) *p = reinterpret_cast<void*>(d);
+  return record(to_runtime(r));
+}
+RT cudaError cudaIpcCloseMemHandle(void* p) {
+  READY();
+  return record(to_runtime(g_legacy.ipc_close_mem_handle(reinterpret_cast<CUdeviceptr>(p))));
 }
 // The memory-pool calls, through the driver as the real runtime makes them (cudaMemPool_t is the
 // driver's CUmemoryPool).

@@ -20,8 +20,10 @@
 // Built with FAKE_CUDA_NO_VMM (the fake_cuda_novmm target), it is a driver without virtual memory
 // management: the VMM entry points are neither exported nor found by cuGetProcAddress.
 // Error codes follow the CUDA driver documentation for each call.
+#include <fcntl.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -60,7 +62,8 @@ struct Stream {
 };
 
 constexpr CUresult kOk = 0, kInvalidValue = 1, kOom = 2, kNotInit = 3, kInvalidDevice = 101,
-                   kInvalidContext = 201, kInvalidHandle = 400, kNotFound = 500, kPeerAlready = 704;
+                   kInvalidContext = 201, kInvalidHandle = 400, kNotFound = 500, kPeerAlready = 704,
+                   kNotSupported = 801;
 
 enum class Kind { device, managed, host };
 struct Alloc {
@@ -552,6 +555,21 @@ API CUresult cuPointerGetAttributes(unsigned n, int* attrs, void** data, CUdevic
   }
   return kOk;
 }
+// The fake driver's own IPC handles name a pointer of the process that made them, which means
+// nothing in another process: opening any handle fails as CUDA does for one it cannot map, and
+// closing a pointer no open returned is an invalid value.
+struct IpcHandle {
+  char reserved[64];
+};
+API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* p, IpcHandle, unsigned) {
+  count("cuIpcOpenMemHandle_v2");
+  (void)p;
+  return kInvalidValue;
+}
+API CUresult cuIpcCloseMemHandle(CUdeviceptr) {
+  count("cuIpcCloseMemHandle");
+  return kInvalidValue;
+}
 API CUresult cuIpcGetMemHandle(void* handle, CUdeviceptr p) {
   count("cuIpcGetMemHandle");
   CUdeviceptr b = 0;
@@ -673,8 +691,10 @@ struct Physical {
   int fd;
   std::size_t size;
   int device;
-  int refs;  // cuMemCreate and each cuMemRetainAllocationHandle, minus cuMemRelease
-  int maps;  // mappings of it; the memory lives while either count is non-zero
+  int refs;               // cuMemCreate and each cuMemRetainAllocationHandle, minus cuMemRelease
+  int maps;               // mappings of it; the memory lives while either count is non-zero
+  int handle_types = 0;   // requestedHandleTypes at cuMemCreate (1: POSIX file descriptor)
+  bool imported = false;  // cuMemImportFromShareableHandle: another process's memory
 };
 struct Mapping {
   std::size_t size;
@@ -733,7 +753,7 @@ VMM_API CUresult cuMemCreate(std::uint64_t* handle, std::size_t size, const void
   }
   std::lock_guard g(vmm().mu);
   std::uint64_t h = vmm().next_handle++;
-  vmm().handles[h] = Physical{fd, size, head.location_id, 1, 0};
+  vmm().handles[h] = Physical{fd, size, head.location_id, 1, 0, head.handle_types, false};
   *handle = h;
   return kOk;
 }
@@ -741,7 +761,7 @@ VMM_API CUresult cuMemCreate(std::uint64_t* handle, std::size_t size, const void
 static void free_if_unused(std::map<std::uint64_t, Physical>::iterator it) {
   if (it->second.refs == 0 && it->second.maps == 0) {
     close(it->second.fd);
-    {
+    if (!it->second.imported) {
       std::lock_guard g(drv().mu);
       drv().used[it->second.device] -= it->second.size;
     }
@@ -757,6 +777,40 @@ VMM_API CUresult cuMemRelease(std::uint64_t handle) {
   if (it == v.handles.end() || it->second.refs == 0) return kInvalidValue;
   --it->second.refs;
   free_if_unused(it);
+  return kOk;
+}
+// Sharing as POSIX file descriptors (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1): the export
+// is a dup of the handle's memfd, so another process that imports it maps the same memory. Only
+// handles created with that type in requestedHandleTypes can be exported, as on CUDA.
+VMM_API CUresult cuMemExportToShareableHandle(void* shareable, std::uint64_t handle, int type,
+                                              unsigned long long flags) {
+  count("cuMemExportToShareableHandle");
+  if (!shareable || type != 1 || flags != 0) return kInvalidValue;
+  auto& v = vmm();
+  std::lock_guard g(v.mu);
+  auto it = v.handles.find(handle);
+  if (it == v.handles.end() || it->second.refs == 0) return kInvalidValue;
+  if ((it->second.handle_types & 1) == 0) return kNotSupported;
+  int fd = fcntl(it->second.fd, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return kOom;
+  std::memcpy(shareable, &fd, sizeof fd);
+  return kOk;
+}
+VMM_API CUresult cuMemImportFromShareableHandle(std::uint64_t* handle, void* os_handle, int type) {
+  count("cuMemImportFromShareableHandle");
+  if (!handle || type != 1) return kInvalidValue;
+  const int fd = static_cast<int>(reinterpret_cast<std::intptr_t>(os_handle));
+  struct stat st {};
+  if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 ||
+      st.st_size % kGranularity != 0) {
+    return kInvalidValue;
+  }
+  int copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (copy < 0) return kOom;
+  std::lock_guard g(vmm().mu);
+  std::uint64_t h = vmm().next_handle++;
+  vmm().handles[h] = Physical{copy, static_cast<std::size_t>(st.st_size), 0, 1, 0, 1, true};
+  *handle = h;
   return kOk;
 }
 VMM_API CUresult cuMemRetainAllocationHandle(std::uint64_t* handle, void* addr) {
@@ -941,6 +995,8 @@ const Proc kProcs[] = {
     {"cuPointerGetAttribute", 4000, FN(cuPointerGetAttribute), nullptr},
     {"cuPointerGetAttributes", 7000, FN(cuPointerGetAttributes), nullptr},
     {"cuIpcGetMemHandle", 4010, FN(cuIpcGetMemHandle), nullptr},
+    {"cuIpcOpenMemHandle", 11000, FN(cuIpcOpenMemHandle_v2), nullptr},
+    {"cuIpcCloseMemHandle", 4010, FN(cuIpcCloseMemHandle), nullptr},
     {"cuDeviceGetDefaultMemPool", 11020, FN(cuDeviceGetDefaultMemPool), nullptr},
     {"cuMemPoolCreate", 11020, FN(cuMemPoolCreate), nullptr},
     {"cuMemPoolGetAttribute", 11020, FN(cuMemPoolGetAttribute), nullptr},
@@ -956,6 +1012,8 @@ const Proc kProcs[] = {
     {"cuMemMap", 10020, FN(cuMemMap), nullptr},
     {"cuMemUnmap", 10020, FN(cuMemUnmap), nullptr},
     {"cuMemSetAccess", 10020, FN(cuMemSetAccess), nullptr},
+    {"cuMemExportToShareableHandle", 10020, FN(cuMemExportToShareableHandle), nullptr},
+    {"cuMemImportFromShareableHandle", 10020, FN(cuMemImportFromShareableHandle), nullptr},
 #endif
     {"cuGetProcAddress", 11030, FN(cuGetProcAddress), nullptr},
     {"cuGetProcAddress", 12000, FN(cuGetProcAddress_v2), nullptr},
