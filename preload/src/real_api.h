@@ -2,8 +2,8 @@
 // hook.
 //
 // - dlsym itself: the shim overrides dlsym (hooks_dlsym.cpp), so its own lookups use glibc's,
-//   obtained once with dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34") (or the first version,
-//   "GLIBC_2.2.5" on x86_64, on glibc < 2.34).
+//   obtained once with dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34") (or the first version, "GLIBC_2.2.5"
+//   on x86_64, on glibc < 2.34).
 // - Hooked functions: the first real address seen wins. It is recorded when the program's own
 //   dlsym/cuGetProcAddress lookups pass through the shim (that also covers a libcudart loaded
 //   RTLD_LOCAL, which RTLD_NEXT cannot see); otherwise driver symbols come from dlopen
