@@ -52,6 +52,11 @@ class Backing {
   // Retries releases the driver refused; returns the bytes released.
   std::size_t retry_failed() noexcept;
 
+  // Handle lending (defined in handle_lending.cpp): a spare of exactly `size` bytes taken out of
+  // the books (nullptr: none), and a handle node put into them as a spare.
+  Handle* detach_spare(std::size_t size) noexcept;
+  void adopt_spare(Handle* h) noexcept;
+
   // Makes [ptr, ptr+size) accessible to this device and its peers (cuMemSetAccess).
   Status set_access(DevPtr ptr, std::size_t size) noexcept;
   // Adds a peer and makes every mapped range accessible to it (undone on failure).

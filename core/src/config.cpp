@@ -197,6 +197,12 @@ const std::vector<KeySpec>& key_specs() {
          return c.sites_sample = static_cast<unsigned>(n), true;
        }},
       {"coop", "on or off", [](std::string_view v, Config& c) { return parse_bool(v, &c.coop); }},
+      {"program_vmm", "serve or count",
+       [](std::string_view v, Config& c) {
+         if (v == "serve") return c.serve_program_vmm = true, true;
+         if (v == "count") return c.serve_program_vmm = false, true;
+         return false;
+       }},
       {"coop_wait_ms", "milliseconds between 0 and 5000",
        [](std::string_view v, Config& c) {
          std::uint64_t n;

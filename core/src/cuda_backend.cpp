@@ -186,6 +186,19 @@ class CudaBackend final : public Backend {
     return valid(device) && devices_[device].map_offset;
   }
 
+  // The properties settle_allocation_properties left in prop, which create() passes for every
+  // handle: the process's own driver handles.
+  Status handle_properties(int device, HandleProperties* out) noexcept override {
+    if (!valid(device)) return Status::invalid_device;
+    if (out == nullptr) return Status::invalid_value;
+    const CUmemAllocationProp& p = devices_[device].prop;
+    out->driver_handles = true;
+    out->handle_types = static_cast<unsigned>(p.requestedHandleTypes);
+    out->rdma_capable = p.allocFlags.gpuDirectRDMACapable != 0;
+    out->compression = p.allocFlags.compressionType;
+    return Status::ok;
+  }
+
   Status device_uuid(int device, DeviceUuid* out) noexcept override {
     if (!valid(device)) return Status::invalid_device;
     if (out == nullptr) return Status::invalid_value;

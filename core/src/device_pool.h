@@ -68,6 +68,12 @@ class DevicePool final {
   void drain_pending() noexcept;
   std::string validate() const;  // Pool::validate
 
+  // Handle lending (handle_lending.cpp; Pool::lend_handle, Pool::take_back_handle).
+  Status lend_handle(std::size_t size, const HandleProperties& wanted, PhysHandle* out) noexcept;
+  bool take_back_handle(PhysHandle handle, std::size_t size,
+                        const HandleProperties& created_with) noexcept;
+  void add_lending_stats(DeviceStats* s) const noexcept;
+
   void lock() noexcept { mu_.lock(); }
   void unlock() noexcept { mu_.unlock(); }
   void after_fork_child() noexcept;
@@ -220,6 +226,12 @@ class DevicePool final {
   std::atomic<std::uint64_t> last_fence_ns_{UINT64_MAX};  // how long the last fence waited
   std::vector<std::unique_ptr<Arena>> arenas_;
   DeviceStats stats_;  // its peak_allocated is unused: peak_allocated_ below
+  // Handles lent out (handle_lending.cpp), with their sizes; guarded by mu_. A node-based map:
+  // a lend whose entry cannot be allocated is refused, never half done.
+  std::unordered_map<PhysHandle, std::size_t> lent_;
+  std::uint64_t lent_bytes_ = 0;
+  std::uint64_t lends_ = 0;
+  std::uint64_t taken_back_ = 0;
   // Peak tracking without the device lock (arena-served large allocations): stats_'s
   // bytes_allocated mirrored for readers without the lock, the peak, and a generation bumped at
   // every device-path allocation (see note_peak_arena). Own cache line: read on the arena path.

@@ -99,6 +99,7 @@ class LargeHeap {
   std::size_t span_count() const noexcept { return space_.span_count(); }
   const AddressSpace& space() const noexcept { return space_; }
   const Backing& backing() const noexcept { return backing_; }
+  Backing& backing() noexcept { return backing_; }  // handle lending (handle_lending.cpp)
 
   // Checks the invariants of pool_types.h and that the free set holds exactly the free blocks.
   // `extra_free`: blocks indexed elsewhere by the caller are not expected here. Empty: all hold.

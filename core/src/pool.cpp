@@ -123,7 +123,10 @@ Status Pool::mem_info(int device, std::size_t* free, std::size_t* total) noexcep
 
 DeviceStats Pool::stats(int device) const noexcept {
   DevicePool* dp = this->device(device);
-  return dp == nullptr ? DeviceStats{} : dp->stats();
+  if (dp == nullptr) return DeviceStats{};
+  DeviceStats s = dp->stats();
+  dp->add_lending_stats(&s);
+  return s;
 }
 
 PeakWindow Pool::peaks_since_reset(int device) const noexcept {

@@ -254,6 +254,13 @@ Status SimBackend::device_uuid(int device, DeviceUuid* out) noexcept {
   return Status::ok;
 }
 
+Status SimBackend::handle_properties(int device, HandleProperties* out) noexcept {
+  if (device < 0 || device >= options_.devices) return Status::invalid_device;
+  if (out == nullptr) return Status::invalid_value;
+  *out = HandleProperties{};  // memfds of this backend, not driver handles; nothing exportable
+  return Status::ok;
+}
+
 Status SimBackend::mem_info(int device, std::size_t* free, std::size_t* total) noexcept {
   spend(options_, SimOp::mem_info);
   if (device < 0 || device >= options_.devices) return Status::invalid_device;

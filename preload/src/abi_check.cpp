@@ -62,6 +62,17 @@ static_assert(sizeof(CUresult) == sizeof(c::CUresult));
 static_assert(sizeof(cudaError_t) == sizeof(c::cudaError));
 static_assert(sizeof(CUpointer_attribute) == sizeof(int));
 static_assert(offsetof(CUmemAllocationProp, location) == c::kAllocationPropLocationOffset);
+static_assert(offsetof(CUmemAllocationProp, type) == c::kAllocationPropTypeOffset);
+static_assert(offsetof(CUmemAllocationProp, requestedHandleTypes) ==
+              c::kAllocationPropHandleTypesOffset);
+static_assert(offsetof(CUmemAllocationProp, allocFlags) == c::kAllocationPropCompressionOffset);
+static_assert(offsetof(CUmemAllocationProp, allocFlags.gpuDirectRDMACapable) ==
+              c::kAllocationPropRdmaOffset);
+static_assert(offsetof(CUmemAllocationProp, allocFlags.usage) == c::kAllocationPropUsageOffset);
+static_assert(sizeof(CUmemAllocationProp) == c::kAllocationPropSize);
+static_assert(CU_MEM_ALLOCATION_TYPE_PINNED == c::CU_MEM_ALLOCATION_TYPE_PINNED);
+static_assert(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ==
+              c::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
 static_assert(offsetof(CUmemLocation, type) == 0 && offsetof(CUmemLocation, id) == 4);
 static_assert(sizeof(CUmemLocationType) == sizeof(int));
 static_assert(c::CU_MEM_LOCATION_TYPE_DEVICE == CU_MEM_LOCATION_TYPE_DEVICE);

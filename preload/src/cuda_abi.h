@@ -85,10 +85,21 @@ struct IpcMemHandle {
   char reserved[kIpcHandleSize];
 };
 
-// CUmemAllocationProp: the shim reads only where a cuMemCreate puts its memory, location {type,
-// id}, at this offset (pinned against cuda.h in abi_check.cpp); the struct is otherwise opaque.
+// CUmemAllocationProp: the shim reads where a cuMemCreate puts its memory, location {type, id},
+// and, to decide whether an idle handle of the pool may answer it (program_memory.h), the
+// allocation type, the requested handle types and allocFlags {compressionType,
+// gpuDirectRDMACapable, usage}, at these offsets (pinned against cuda.h in abi_check.cpp); the
+// struct is otherwise opaque.
+inline constexpr std::size_t kAllocationPropTypeOffset = 0;
+inline constexpr std::size_t kAllocationPropHandleTypesOffset = 4;
 inline constexpr std::size_t kAllocationPropLocationOffset = 8;
+inline constexpr std::size_t kAllocationPropCompressionOffset = 24;
+inline constexpr std::size_t kAllocationPropRdmaOffset = 25;
+inline constexpr std::size_t kAllocationPropUsageOffset = 26;  // unsigned short
+inline constexpr std::size_t kAllocationPropSize = 32;
 inline constexpr int CU_MEM_LOCATION_TYPE_DEVICE = 1;
+inline constexpr int CU_MEM_ALLOCATION_TYPE_PINNED = 1;
+inline constexpr int CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1;
 
 // CUmemPool_attribute / cudaMemPoolAttr values (the same numbers) the shim answers for the
 // default memory pool of a device it serves; each takes a cuuint64_t.
@@ -123,9 +134,12 @@ using PFN_cuDeviceGetDefaultMemPool = CUresult (*)(CUmemoryPool*, CUdevice);
 using PFN_cuMemPoolGetAttribute = CUresult (*)(CUmemoryPool, int, void*);
 using PFN_cuMemPoolSetAttribute = CUresult (*)(CUmemoryPool, int, void*);
 using PFN_cuMemPoolTrimTo = CUresult (*)(CUmemoryPool, std::size_t);
+using PFN_cuMemAllocFromPoolAsync = CUresult (*)(CUdeviceptr*, std::size_t, CUmemoryPool, CUstream);
 using PFN_cuMemCreate = CUresult (*)(CUmemGenericAllocationHandle*, std::size_t, const void*,
                                      unsigned long long);
 using PFN_cuMemRelease = CUresult (*)(CUmemGenericAllocationHandle);
+using PFN_cuMemExportToShareableHandle = CUresult (*)(void*, CUmemGenericAllocationHandle, int,
+                                                      unsigned long long);
 using PFN_cuMemRetainAllocationHandle = CUresult (*)(CUmemGenericAllocationHandle*, void*);
 using PFN_cuMemMap = CUresult (*)(CUdeviceptr, std::size_t, std::size_t,
                                   CUmemGenericAllocationHandle, unsigned long long);

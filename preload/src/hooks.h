@@ -33,6 +33,8 @@
   X(cuMemPoolGetAttribute, false)           \
   X(cuMemPoolSetAttribute, false)           \
   X(cuMemPoolTrimTo, false)                 \
+  X(cuMemAllocFromPoolAsync, false)         \
+  X(cuMemAllocFromPoolAsync_ptsz, false)    \
   X(cuMemCreate, false)                     \
   X(cuMemRelease, false)                    \
   X(cuMemRetainAllocationHandle, false)     \
@@ -40,6 +42,7 @@
   X(cuMemUnmap, false)                      \
   X(cuMemAddressReserve, false)             \
   X(cuMemAddressFree, false)                \
+  X(cuMemExportToShareableHandle, false)    \
   X(cuGetProcAddress, false)                \
   X(cuGetProcAddress_v2, false)             \
   X(cudaMalloc, true)                       \
@@ -115,6 +118,10 @@ CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool, int device);
 CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void* value);
 CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void* value);
 CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t min_bytes_to_keep);
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
+                                 CUstream stream);
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
+                                      CUstream stream);
 CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const void* prop,
                      unsigned long long flags);
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle);
@@ -125,6 +132,8 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size);
 CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
                              unsigned long long flags);
 CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size);
+CUresult cuMemExportToShareableHandle(void* shareable, CUmemGenericAllocationHandle handle,
+                                      int type, unsigned long long flags);
 CUresult cuGetProcAddress(const char* symbol, void** pfn, int cuda_version, cuuint64 flags);
 CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cuda_version, cuuint64 flags,
                              int* status);

@@ -26,6 +26,13 @@
 // (cudaMemPoolCreate'd), any other attribute (ReleaseThreshold, the Reuse* flags) and any device
 // the pool does not serve pass through untouched.
 //
+// cuMemAllocFromPoolAsync on a device's default pool is served as cuMemAllocAsync is (the
+// allocation is the pool's, on that device, ordered on the stream; cuMemFreeAsync or cuMemFree
+// frees it): what XLA's cuda_async allocator and TensorFlow's cuda_malloc_async call for every
+// buffer (docs/frameworks.md), and the runtime's cudaMallocFromPoolAsync underneath. On a pool the
+// program created (cuMemPoolCreate), whose properties and limits are its own, or while the stream
+// is captured into a graph, the call goes to the driver.
+//
 // Which handle is a device's default pool: the handles cuDeviceGetDefaultMemPool /
 // cudaDeviceGetDefaultMemPool return are remembered per device as they pass through the hooks;
 // for a device not seen yet the real driver is asked once (a handle from cudaDeviceGetMemPool is
@@ -150,9 +157,46 @@ cudaError forward_runtime(Hook h, Args... args) {
   return fn(args...);
 }
 
+CUresult alloc_from_pool_async(CUdeviceptr* dptr, std::size_t size, CUmemoryPool mem_pool,
+                               CUstream stream, bool per_thread) {
+  const Hook h = per_thread ? Hook::cuMemAllocFromPoolAsync_ptsz : Hook::cuMemAllocFromPoolAsync;
+  Pool* pool = pl::serving_pool();
+  const int d = pool && dptr && size != 0 ? served_default_pool_device(*pool, mem_pool) : -1;
+  if (d < 0) {
+    return forward_driver<PFN_cuMemAllocFromPoolAsync>(h, dptr, size, mem_pool, stream);
+  }
+  if (!pl::stream_capturing(stream, per_thread)) {
+    DevPtr out = 0;
+    switch (pl::serve_allocation(*pool, d, size, pl::stream_key(stream, per_thread), &out)) {
+      case pl::Served::ok:
+        *dptr = out;
+        return CUDA_SUCCESS;
+      case pl::Served::out_of_memory:
+        return CUDA_ERROR_OUT_OF_MEMORY;
+      case pl::Served::not_served:
+        break;
+    }
+  }
+  pl::note_passthrough();
+  return forward_driver<PFN_cuMemAllocFromPoolAsync>(h, dptr, size, mem_pool, stream);
+}
+
 }  // namespace
 
 extern "C" {
+
+__attribute__((visibility("default"))) CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr,
+                                                                        size_t bytesize,
+                                                                        CUmemoryPool pool,
+                                                                        CUstream stream) {
+  return alloc_from_pool_async(dptr, bytesize, pool, stream, false);
+}
+__attribute__((visibility("default"))) CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr,
+                                                                             size_t bytesize,
+                                                                             CUmemoryPool pool,
+                                                                             CUstream stream) {
+  return alloc_from_pool_async(dptr, bytesize, pool, stream, true);
+}
 
 __attribute__((visibility("default"))) CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool,
                                                                           int device) {

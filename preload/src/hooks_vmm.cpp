@@ -3,11 +3,14 @@
 // (XLA, PyTorch's expandable segments, NCCL, vLLM), reached by symbol, dlsym, cuGetProcAddress or
 // cudaGetDriverEntryPoint like every other hook (hooks.h).
 //
-// Nothing here is served from the pool: every call goes to the real driver with its arguments
-// untouched, and the caller gets the driver's answer, errors included (NULL pointers, unknown
-// handles and bad ranges are the driver's to judge). Successful calls are counted as memory the
-// program maps itself (program_memory.h). The pool's own VMM calls never arrive here: its backend
-// holds the real entry points (real_api.h, resolve_real_driver).
+// Two calls may be served by the pool (program_lending.h): a cuMemCreate the pool's idle handles
+// can answer gets one of them, and the last cuMemRelease of a handle the pool keeps is not
+// forwarded (the handle goes to the pool's cache once the program maps it nowhere). Everything
+// else goes to the real driver with its arguments untouched, and the caller gets the driver's
+// answer, errors included (NULL pointers, unknown handles and bad ranges are the driver's to
+// judge). Successful calls are counted as memory the program maps itself (program_memory.h). The
+// pool's own VMM calls never arrive here: its backend holds the real entry points (real_api.h,
+// resolve_real_driver).
 #include "hooks.h"
 #include "program_memory.h"
 #include "real_api.h"
@@ -23,8 +26,15 @@ __attribute__((visibility("default"))) CUresult cuMemCreate(CUmemGenericAllocati
                                                             unsigned long long flags) {
   auto fn = pl::real_as<PFN_cuMemCreate>(Hook::cuMemCreate);
   if (!fn) return CUDA_ERROR_NOT_INITIALIZED;
+  pl::PoolTerms terms;
+  CUmemGenericAllocationHandle lent = 0;
+  if (pl::lend_to_program(size, prop, flags, &lent, &terms)) {
+    *handle = lent;
+    pl::note_program_create(lent, size, prop, terms, true);
+    return CUDA_SUCCESS;
+  }
   const CUresult r = fn(handle, size, prop, flags);
-  if (r == CUDA_SUCCESS && handle) pl::note_program_create(*handle, size, prop);
+  if (r == CUDA_SUCCESS && handle) pl::note_program_create(*handle, size, prop, terms);
   return r;
 }
 
@@ -58,6 +68,17 @@ __attribute__((visibility("default"))) CUresult cuMemUnmap(CUdeviceptr ptr, size
   auto fn = pl::real_as<PFN_cuMemUnmap>(Hook::cuMemUnmap);
   if (!fn) return CUDA_ERROR_NOT_INITIALIZED;
   return pl::program_unmap(fn, ptr, size);
+}
+
+// An exported handle may be imported by another process, which then keeps its memory alive and
+// mapped after this program releases it: such a handle must never become the pool's (the pool
+// would hand out memory someone else still maps), so it goes back to the driver when done.
+__attribute__((visibility("default"))) CUresult cuMemExportToShareableHandle(
+    void* shareable, CUmemGenericAllocationHandle handle, int type, unsigned long long flags) {
+  auto fn = pl::real_as<PFN_cuMemExportToShareableHandle>(Hook::cuMemExportToShareableHandle);
+  if (!fn) return CUDA_ERROR_NOT_INITIALIZED;
+  pl::note_program_export(handle);  // before the driver: no window in which it is kept
+  return fn(shareable, handle, type, flags);
 }
 
 // Address ranges hold no memory, so reserving and freeing them is only forwarded; they are hooked

@@ -70,6 +70,8 @@ const ProcEntry kProcs[] = {
     {"cuMemPoolSetAttribute", 11020, Hook::cuMemPoolSetAttribute, Hook::cuMemPoolSetAttribute,
      false},
     {"cuMemPoolTrimTo", 11020, Hook::cuMemPoolTrimTo, Hook::cuMemPoolTrimTo, false},
+    {"cuMemAllocFromPoolAsync", 11020, Hook::cuMemAllocFromPoolAsync,
+     Hook::cuMemAllocFromPoolAsync_ptsz, true},
     // Virtual memory management (CUDA 10.2), which programs call themselves (program_memory.h).
     {"cuMemCreate", 10020, Hook::cuMemCreate, Hook::cuMemCreate, false},
     {"cuMemRelease", 10020, Hook::cuMemRelease, Hook::cuMemRelease, false},
@@ -79,6 +81,8 @@ const ProcEntry kProcs[] = {
     {"cuMemUnmap", 10020, Hook::cuMemUnmap, Hook::cuMemUnmap, false},
     {"cuMemAddressReserve", 10020, Hook::cuMemAddressReserve, Hook::cuMemAddressReserve, false},
     {"cuMemAddressFree", 10020, Hook::cuMemAddressFree, Hook::cuMemAddressFree, false},
+    {"cuMemExportToShareableHandle", 10020, Hook::cuMemExportToShareableHandle,
+     Hook::cuMemExportToShareableHandle, false},
     // cuGetProcAddress itself: v2 from 12.0, v1 from 11.3 (handled below).
     {"cuGetProcAddress", 12000, Hook::cuGetProcAddress_v2, Hook::cuGetProcAddress_v2, false},
 };

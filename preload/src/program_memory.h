@@ -15,6 +15,12 @@
 // counted. Mapping a handle the program did not create here (imported from another process) counts
 // as mapped on the current context's device, and not as held.
 //
+// Of the held bytes, those of handles the pool lent (program_lending.h: a cuMemCreate answered
+// with an idle handle of the pool) are also counted as served by the pool, and a kept handle
+// (lent, or created with the pool's properties) goes to the pool's cache instead of the driver
+// when the program is done with it: its last release is not forwarded, and once it is mapped
+// nowhere it is retired (retire_kept_handle), under the table lock.
+//
 // Only successful calls are counted. The pool's own driver calls never pass through the hooks (the
 // backend gets the real entry points, see real_api.h), so they are never counted here.
 //
@@ -31,6 +37,7 @@
 
 #include "cuda_abi.h"
 #include "gpustitch/pool.h"
+#include "program_lending.h"
 
 namespace gpustitch::shm {
 struct DeviceCounters;
@@ -43,20 +50,27 @@ struct ProgramMemory {
   std::uint64_t created_bytes = 0;
   std::uint64_t handles = 0;
   std::uint64_t mapped_bytes = 0;
+  std::uint64_t served_bytes = 0;  // of held_bytes: handles the pool lent
+  std::uint64_t served_handles = 0;
 };
 
 // Figures for device (zero for devices never used this way, or out of range).
 ProgramMemory program_memory(int device) noexcept;
 
-// After a successful cuMemCreate with these properties.
+// After a successful cuMemCreate with these properties: by the driver, or (lent) answered with a
+// handle of the pool; terms says whether the pool keeps the handle once the program is done.
 void note_program_create(cuda::CUmemGenericAllocationHandle handle, std::size_t size,
-                         const void* prop) noexcept;
+                         const void* prop, const PoolTerms& terms = {}, bool lent = false) noexcept;
+// Before cuMemExportToShareableHandle: the handle is never the pool's (program_lending.h).
+void note_program_export(cuda::CUmemGenericAllocationHandle handle) noexcept;
 // After a successful cuMemRetainAllocationHandle.
 void note_program_retain(cuda::CUmemGenericAllocationHandle handle) noexcept;
 // After a successful cuMemMap.
 void note_program_map(cuda::CUdeviceptr ptr, std::size_t size,
                       cuda::CUmemGenericAllocationHandle handle) noexcept;
-// Forwards cuMemRelease / cuMemUnmap through fn and counts the result, under the table lock.
+// Forwards cuMemRelease / cuMemUnmap through fn and counts the result, under the table lock (the
+// last release of a kept handle is not forwarded; a kept handle mapped nowhere and released is
+// retired).
 cuda::CUresult program_release(cuda::PFN_cuMemRelease fn,
                                cuda::CUmemGenericAllocationHandle handle) noexcept;
 cuda::CUresult program_unmap(cuda::PFN_cuMemUnmap fn, cuda::CUdeviceptr ptr,

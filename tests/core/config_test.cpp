@@ -101,3 +101,14 @@ TEST(Config, HandleSizeKeys) {
   EXPECT_EQ(bad.errors.size(), 2u);
   EXPECT_EQ(bad.config.max_handle, 20 * MiB) << "a rejected value leaves the default";
 }
+
+TEST(Config, ProgramVmmServesByDefaultAndCanOnlyCount) {
+  EXPECT_TRUE(parse_config("").config.serve_program_vmm);
+  auto r = parse_config("program_vmm:count");
+  EXPECT_TRUE(r.errors.empty());
+  EXPECT_FALSE(r.config.serve_program_vmm);
+  EXPECT_TRUE(parse_config("program_vmm:serve").config.serve_program_vmm);
+  r = parse_config("program_vmm:off");
+  ASSERT_EQ(r.errors.size(), 1u);
+  EXPECT_NE(r.errors[0].find("serve or count"), std::string::npos) << r.errors[0];
+}

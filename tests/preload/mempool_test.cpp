@@ -25,6 +25,10 @@ int cudaMemPoolSetAttribute(MemPool, int, void*);
 int cudaMemPoolTrimTo(MemPool, std::size_t);
 int cudaDeviceSynchronize();
 int cuMemPoolCreate(MemPool*, const void*);
+int cuDeviceGetDefaultMemPool(MemPool*, int);
+int cuMemAllocFromPoolAsync(CUdeviceptr*, std::size_t, MemPool, CUstream_st*);
+int cuMemFreeAsync(CUdeviceptr, CUstream_st*);
+int cuGetProcAddress_v2(const char*, void**, int, std::uint64_t, int*);
 }
 
 namespace {
@@ -238,3 +242,45 @@ TEST_F(MemPoolHooks, OutOfMemoryOnTheStreamOrderedPathIsCudaErrorMemoryAllocatio
 }
 
 }  // namespace
+
+// XLA's cuda_async allocator and TensorFlow's cuda_malloc_async allocate every buffer with
+// cuMemAllocFromPoolAsync on the device's default pool: served by the pool as cuMemAllocAsync is,
+// whichever way the entry point was found; a pool the program created stays the driver's.
+TEST_F(MemPoolHooks, AllocFromTheDefaultPoolIsServed) {
+  MemPool driver_default = nullptr;
+  ASSERT_EQ(cuDeviceGetDefaultMemPool(&driver_default, 1), kSuccess);
+  using AllocFromPool = int (*)(CUdeviceptr*, std::size_t, MemPool, CUstream_st*);
+  void* gpa_fn = nullptr;
+  int status = -1;
+  auto gpa = reinterpret_cast<int (*)(const char*, void**, int, std::uint64_t, int*)>(
+      dlsym(RTLD_DEFAULT, "cuGetProcAddress_v2"));
+  ASSERT_NE(gpa, nullptr);
+  ASSERT_EQ(gpa("cuMemAllocFromPoolAsync", &gpa_fn, 12000, 0, &status), kSuccess);
+  EXPECT_EQ(shim::library_of(gpa_fn), "libgpustitch.so");
+  for (AllocFromPool fn : {static_cast<AllocFromPool>(&cuMemAllocFromPoolAsync),
+                           reinterpret_cast<AllocFromPool>(gpa_fn)}) {
+    fakecuda_reset_calls();
+    const auto before = shim::stats(1);
+    CUdeviceptr p = 0;
+    ASSERT_EQ(fn(&p, 16 * MiB, driver_default, stream_), kSuccess);
+    EXPECT_TRUE(shim::owns(reinterpret_cast<void*>(p)));
+    EXPECT_EQ(shim::stats(1).allocs, before.allocs + 1) << "on the pool's device, not the stream's";
+    EXPECT_EQ(fakecuda_calls("cuMemAllocFromPoolAsync"), 0);
+    std::memset(reinterpret_cast<void*>(p), 0x7d, 16 * MiB);  // sim backend: host memory
+    EXPECT_EQ(reinterpret_cast<unsigned char*>(p)[16 * MiB - 1], 0x7d);
+    ASSERT_EQ(cuMemFreeAsync(p, stream_), kSuccess);
+    EXPECT_EQ(shim::stats(1).frees, before.frees + 1);
+  }
+  // A pool the program created: the driver's allocation.
+  MemPool own = nullptr;
+  int props[22] = {1, 0, 1, 0};  // pinned, no handle types, device 0
+  ASSERT_EQ(cuMemPoolCreate(&own, props), kSuccess);
+  CUdeviceptr q = 0;
+  ASSERT_EQ(cuMemAllocFromPoolAsync(&q, 4 * MiB, own, stream_), kSuccess);
+  EXPECT_FALSE(shim::owns(reinterpret_cast<void*>(q)));
+  EXPECT_EQ(fakecuda_calls("cuMemAllocFromPoolAsync"), 1);
+  ASSERT_EQ(cuMemFreeAsync(q, stream_), kSuccess);
+  // Bad arguments get the driver's answer.
+  EXPECT_EQ(cuMemAllocFromPoolAsync(nullptr, 4 * MiB, driver_default, stream_), kInvalidValue);
+  EXPECT_EQ(cuMemAllocFromPoolAsync(&q, 4 * MiB, nullptr, stream_), kInvalidValue);
+}

@@ -5,6 +5,10 @@
 // holds that way shows in its statistics record (program_* fields). The pool's own VMM calls
 // (backend:cuda on the fake driver) are never counted.
 //
+// With the pool on the same driver (backend:cuda), a cuMemCreate the pool's idle handles can answer
+// is served from them, and the released handles of the pool's properties go to its cache
+// (program_lending.h); where the properties differ, nothing changes.
+//
 // ctest runs this with the fake runtime and driver (doubles/) and a short publish interval; the
 // fake backs VMM memory with host memory, so the test also writes and reads it.
 #include <dlfcn.h>
@@ -111,6 +115,21 @@ struct Figures {
 std::ostream& operator<<(std::ostream& os, const Figures& f) {
   return os << "{held " << f.held << ", created " << f.created << ", handles " << f.handles
             << ", mapped " << f.mapped << "}";
+}
+
+// This process's counters for device as its statistics record shows them.
+std::optional<gpustitch::shm::DeviceCounters> recorded_counters(int device) {
+  using namespace gpustitch::shm;
+  for (const RecordName& n : discover_records(kDefaultPrefix, ::geteuid())) {
+    if (n.pid != ::getpid()) continue;
+    ReadError err{};
+    auto r = RecordReader::open(n, ::geteuid(), &err);
+    SnapshotCopy snap;
+    if (!r || r->read_snapshot(&snap) != ReadError::none) return std::nullopt;
+    if (device >= static_cast<int>(snap.devices.size())) return std::nullopt;
+    return snap.devices[device];
+  }
+  return std::nullopt;
 }
 
 // This process's figures for device as its statistics record shows them.
@@ -332,6 +351,215 @@ TEST_F(ProgramVmm, PoolAllocationsAreNotCountedAsTheProgramsOwn) {
   std::this_thread::sleep_for(std::chrono::milliseconds(50));  // a few more publishes
   EXPECT_EQ(recorded(0), std::optional<Figures>(Figures{}));
   ASSERT_EQ(cudaFree(p), kSuccess);
+}
+
+// --- served by the pool (backend:cuda only: the simulated backend's handles are not the driver's)
+// --
+
+// The properties the pool's handles have on the fake driver, which supports every attribute: POSIX
+// file descriptors and RDMA (cuda_backend.cpp settles on them).
+Prop pool_prop(int device) {
+  Prop p;
+  p.location_id = device;
+  p.handle_types = 1;  // CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+  p.flags[1] = 1;      // allocFlags.gpuDirectRDMACapable
+  return p;
+}
+
+long long trim_pool(int device) {
+  auto trim = reinterpret_cast<long long (*)(int)>(dlsym(RTLD_DEFAULT, "gpustitch_trim"));
+  return trim ? trim(device) : -1;
+}
+
+// Waits until the record shows `served` bytes lent to the program; returns what it last showed.
+std::uint64_t wait_served(int device, std::uint64_t served) {
+  std::uint64_t last = ~0ull;
+  for (int i = 0; i < 300; ++i) {
+    if (auto c = recorded_counters(device)) {
+      last = c->program_served_bytes;
+      if (last == served) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return last;
+}
+
+// The program's round: reserve, create, map, write (or check), release, unmap, free.
+struct Round {
+  std::uint64_t handle = 0;
+  bool wrote_and_read = false;
+};
+Round create_map_release(std::size_t size, const Prop& prop, unsigned char write,
+                         int expect_read = -1) {
+  Round out;
+  Vmm v = plain_symbols();
+  CUdeviceptr va = 0;
+  EXPECT_EQ(v.reserve(&va, size, 0, 0, 0), kSuccess);
+  EXPECT_EQ(v.create(&out.handle, size, &prop, 0), kSuccess);
+  EXPECT_EQ(v.map(va, size, 0, out.handle, 0), kSuccess);
+  int desc[3] = {1, prop.location_id, 3};
+  EXPECT_EQ(cuMemSetAccess(va, size, desc, 1), kSuccess);
+  auto* bytes = reinterpret_cast<unsigned char*>(va);
+  bool ok = expect_read < 0 || (bytes[0] == expect_read && bytes[size - 1] == expect_read);
+  std::memset(bytes, write, size);
+  out.wrote_and_read = ok && bytes[size / 2] == write;
+  EXPECT_EQ(v.release(out.handle), kSuccess);
+  EXPECT_EQ(bytes[size - 1], write) << "released while mapped: the memory stays";
+  EXPECT_EQ(v.unmap(va, size), kSuccess);
+  EXPECT_EQ(v.free(va, size), kSuccess);
+  return out;
+}
+
+TEST_F(ProgramVmm, ServedByThePoolWhereThePropertiesMatch) {
+  if (std::getenv("EXPECT_POOL_VMM") == nullptr) GTEST_SKIP() << "needs backend:cuda";
+  constexpr std::size_t kSize = 8 * MiB;
+  ASSERT_GE(trim_pool(0), 0);
+  const std::uint64_t reserved0 = shim::stats(0).bytes_reserved;
+  fakecuda_reset_calls();
+
+  // First round: no idle handle of 8 MiB, so the driver creates it; the program's release is not
+  // forwarded, and once unmapped the handle is the pool's.
+  Round first = create_map_release(kSize, pool_prop(0), 0x6b);
+  EXPECT_TRUE(first.wrote_and_read);
+  EXPECT_EQ(fakecuda_calls("cuMemCreate"), 1);
+  EXPECT_EQ(fakecuda_calls("cuMemRelease"), 0) << "the released handle went to the pool";
+  EXPECT_EQ(shim::stats(0).bytes_reserved, reserved0 + kSize);
+  EXPECT_EQ(wait_for(0, {}), Figures{});
+
+  // Second round: served by the pool with that very handle, its bytes still there; while the
+  // program holds it, the record counts it as the program's and as served, not as the pool's.
+  Vmm v = plain_symbols();
+  CUdeviceptr va = 0;
+  ASSERT_EQ(v.reserve(&va, kSize, 0, 0, 0), kSuccess);
+  const Prop prop = pool_prop(0);
+  std::uint64_t h = 0;
+  ASSERT_EQ(v.create(&h, kSize, &prop, 0), kSuccess);
+  EXPECT_EQ(h, first.handle);
+  EXPECT_EQ(fakecuda_calls("cuMemCreate"), 1) << "no new driver handle";
+  ASSERT_EQ(v.map(va, kSize, 0, h, 0), kSuccess);
+  allow_read_write(va, kSize, 0);
+  auto* bytes = reinterpret_cast<unsigned char*>(va);
+  EXPECT_EQ(bytes[0], 0x6b);
+  EXPECT_EQ(bytes[kSize - 1], 0x6b);
+  std::memset(bytes, 0x2e, kSize);
+  EXPECT_EQ(bytes[kSize / 2], 0x2e);
+  EXPECT_EQ(wait_for(0, {kSize, kSize, 1, kSize}), (Figures{kSize, kSize, 1, kSize}));
+  EXPECT_EQ(wait_served(0, kSize), kSize);
+  EXPECT_EQ(shim::stats(0).bytes_reserved, reserved0) << "lent: not the pool's while lent";
+  if (auto c = recorded_counters(0)) {
+    EXPECT_EQ(c->program_served_handles, 1u);
+    EXPECT_EQ(c->bytes_reserved + c->program_held_bytes, reserved0 + kSize) << "counted once";
+  }
+  ASSERT_EQ(v.unmap(va, kSize), kSuccess);
+  ASSERT_EQ(v.release(h), kSuccess);  // unmapped first this time: back at the release
+  EXPECT_EQ(v.release(h), 1) << "released twice: the driver's answer";
+  EXPECT_EQ(fakecuda_calls("cuMemRelease"), 0);
+  EXPECT_EQ(wait_served(0, 0), 0u);
+  EXPECT_EQ(shim::stats(0).bytes_reserved, reserved0 + kSize);
+  ASSERT_EQ(v.free(va, kSize), kSuccess);
+
+  // The pool's own allocation reuses that memory: no new driver handle, the program's bytes.
+  void* p = nullptr;
+  ASSERT_EQ(cudaMalloc(&p, kSize), kSuccess);
+  EXPECT_EQ(fakecuda_calls("cuMemCreate"), 1);
+  EXPECT_EQ(static_cast<unsigned char*>(p)[0], 0x2e);
+  EXPECT_EQ(static_cast<unsigned char*>(p)[kSize - 1], 0x2e);
+  ASSERT_EQ(cudaFree(p), kSuccess);
+  // And trim gives it back to the driver like the pool's own memory.
+  EXPECT_GE(trim_pool(0), static_cast<long long>(kSize));
+  EXPECT_EQ(fakecuda_calls("cuMemRelease"), 1);
+  EXPECT_EQ(wait_for(0, {}), Figures{});
+}
+
+TEST_F(ProgramVmm, NotServedWhereThePropertiesDiffer) {
+  if (std::getenv("EXPECT_POOL_VMM") == nullptr) GTEST_SKIP() << "needs backend:cuda";
+  constexpr std::size_t kSize = 6 * MiB;
+  ASSERT_GE(trim_pool(0), 0);
+  // An idle 6 MiB handle in the pool (a first round with the pool's properties).
+  const Round kept = create_map_release(kSize, pool_prop(0), 0x11);
+  fakecuda_reset_calls();
+
+  // Another handle type (FABRIC): the driver's, and released to it.
+  Prop fabric = pool_prop(0);
+  fabric.handle_types = 0x8;
+  const Round foreign = create_map_release(kSize, fabric, 0x22);
+  EXPECT_NE(foreign.handle, kept.handle);
+  EXPECT_EQ(fakecuda_calls("cuMemCreate"), 1);
+  EXPECT_EQ(fakecuda_calls("cuMemRelease"), 1);
+  int creates = 1;
+  // A size the pool does not hold: the driver's.
+  const Round bigger = create_map_release(2 * kSize, pool_prop(0), 0x33);
+  EXPECT_NE(bigger.handle, kept.handle);
+  EXPECT_EQ(fakecuda_calls("cuMemCreate"), ++creates);
+
+  Prop no_rdma = pool_prop(0);
+  no_rdma.flags[1] = 0;
+  // Asked for less than the pool's handles have (no RDMA): the idle handle serves it, but a handle
+  // the driver creates that way is not the pool's kind and is released to the driver.
+  const Round lent = create_map_release(kSize, no_rdma, 0x44, 0x11);
+  EXPECT_EQ(lent.handle, kept.handle);
+  EXPECT_TRUE(lent.wrote_and_read) << "served with the bytes of the idle handle";
+  EXPECT_EQ(fakecuda_calls("cuMemCreate"), creates);
+  const int released = fakecuda_calls("cuMemRelease");
+  (void)create_map_release(4 * MiB, no_rdma, 0x55);
+  EXPECT_EQ(fakecuda_calls("cuMemCreate"), ++creates);
+  EXPECT_EQ(fakecuda_calls("cuMemRelease"), released + 1);
+
+  // flags != 0: the driver's answer (the fake, as CUDA, takes none).
+  std::uint64_t h = 0;
+  const Prop prop = pool_prop(0);
+  EXPECT_EQ(plain_symbols().create(&h, kSize, &prop, 1), 1);
+  EXPECT_EQ(wait_served(0, 0), 0u);
+  EXPECT_EQ(wait_for(0, {}), Figures{});
+  EXPECT_EQ(wait_for(1, {}), Figures{});
+}
+
+// An exported handle may live on in the process that imported it: it never becomes the pool's.
+TEST_F(ProgramVmm, ExportedHandlesGoBackToTheDriver) {
+  if (std::getenv("EXPECT_POOL_VMM") == nullptr) GTEST_SKIP() << "needs backend:cuda";
+  constexpr std::size_t kSize = 10 * MiB;
+  ASSERT_GE(trim_pool(0), 0);
+  const std::uint64_t reserved0 = shim::stats(0).bytes_reserved;
+  auto exporter = reinterpret_cast<int (*)(void*, std::uint64_t, int, unsigned long long)>(
+      dlsym(libcuda(), "cuMemExportToShareableHandle"));
+  ASSERT_NE(exporter, nullptr);
+  EXPECT_EQ(shim::library_of(reinterpret_cast<void*>(exporter)), "libgpustitch.so");
+  const Vmm v = plain_symbols();
+  const Prop prop = pool_prop(0);
+  auto export_fd = [&](std::uint64_t h) {
+    int fd = -1;
+    EXPECT_EQ(exporter(&fd, h, 1, 0), kSuccess);
+    EXPECT_GE(fd, 0);
+    ::close(fd);
+  };
+  fakecuda_reset_calls();
+
+  // The driver's handle, exported: released to the driver.
+  std::uint64_t h = 0;
+  ASSERT_EQ(v.create(&h, kSize, &prop, 0), kSuccess);
+  export_fd(h);
+  ASSERT_EQ(v.release(h), kSuccess);
+  EXPECT_EQ(fakecuda_calls("cuMemRelease"), 1);
+  EXPECT_EQ(shim::stats(0).bytes_reserved, reserved0) << "not the pool's";
+
+  // Not exported: the pool's once released.
+  ASSERT_EQ(v.create(&h, kSize, &prop, 0), kSuccess);
+  EXPECT_EQ(fakecuda_calls("cuMemCreate"), 2);
+  ASSERT_EQ(v.release(h), kSuccess);
+  EXPECT_EQ(fakecuda_calls("cuMemRelease"), 1);
+  EXPECT_EQ(shim::stats(0).bytes_reserved, reserved0 + kSize);
+
+  // Lent by the pool, then exported: the pool forgets it, and it goes to the driver.
+  std::uint64_t lent = 0;
+  ASSERT_EQ(v.create(&lent, kSize, &prop, 0), kSuccess);
+  EXPECT_EQ(lent, h);
+  EXPECT_EQ(fakecuda_calls("cuMemCreate"), 2);
+  export_fd(lent);
+  ASSERT_EQ(v.release(lent), kSuccess);
+  EXPECT_EQ(fakecuda_calls("cuMemRelease"), 2);
+  EXPECT_EQ(shim::stats(0).bytes_reserved, reserved0);
+  EXPECT_EQ(wait_served(0, 0), 0u);
+  EXPECT_EQ(wait_for(0, {}), Figures{});
 }
 
 }  // namespace

@@ -35,7 +35,7 @@ TEST(RunCommand, SetsThePreloadTheConfigurationAndFrameworkSwitches) {
   EXPECT_EQ(env_value(r.out, "GPUSTITCH_CONF"), "summary:on,backend:sim,log_level:info");
   EXPECT_EQ(env_value(r.out, "PYTORCH_CUDA_ALLOC_CONF"), "backend:cudaMallocAsync");
   EXPECT_EQ(env_value(r.out, "PYTORCH_NO_CUDA_MEMORY_CACHING"), "<unset>");
-  EXPECT_EQ(env_value(r.out, "XLA_PYTHON_CLIENT_ALLOCATOR"), "platform");
+  EXPECT_EQ(env_value(r.out, "XLA_PYTHON_CLIENT_ALLOCATOR"), "cuda_async");
   EXPECT_EQ(env_value(r.out, "XLA_PYTHON_CLIENT_PREALLOCATE"), "false");
   EXPECT_EQ(env_value(r.out, "TF_GPU_ALLOCATOR"), "cuda_malloc_async");
   EXPECT_NE(r.err.find("PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync"), std::string::npos)
@@ -102,10 +102,15 @@ TEST(RunCommand, KeepFrameworkCacheAndUserChoicesStand) {
   EXPECT_EQ(env_value(r.out, "TF_GPU_ALLOCATOR"), "<unset>");
   EXPECT_EQ(env_value(r.out, "GPUSTITCH_CONF"), "summary:on");
   EXPECT_EQ(r.err, "");
-  r = subprocess::run({GPUSTITCH_CLI, "run", "--", "/usr/bin/env"},
-                      {"TF_GPU_ALLOCATOR=bfc", "LD_PRELOAD=" SHIM_PATH});
+  r = subprocess::run(
+      {GPUSTITCH_CLI, "run", "--", "/usr/bin/env"},
+      {"TF_GPU_ALLOCATOR=bfc", "LD_PRELOAD=" SHIM_PATH, "XLA_PYTHON_CLIENT_ALLOCATOR=platform"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(env_value(r.out, "TF_GPU_ALLOCATOR"), "bfc");
+  // A JAX allocator the user chose stays (its VMM calls are then served where they can be);
+  // preallocation is still turned off unless the user set it too.
+  EXPECT_EQ(env_value(r.out, "XLA_PYTHON_CLIENT_ALLOCATOR"), "platform");
+  EXPECT_EQ(env_value(r.out, "XLA_PYTHON_CLIENT_PREALLOCATE"), "false");
   EXPECT_EQ(env_value(r.out, "LD_PRELOAD"), SHIM_PATH);  // not preloaded twice
 }
 

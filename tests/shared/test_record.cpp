@@ -440,69 +440,75 @@ TEST_F(HostileRecord, ShrunkAfterOpenFailsCleanly) {
   EXPECT_EQ(reader->read_snapshot(&s), ReadError::io);
 }
 
-// A record of the previous layout (2: before the program_* counters) from a process still running
-// an older library: read with its own device stride and offsets, the newer counters zero.
-TEST_F(HostileRecord, PreviousLayoutIsReadWithNewerCountersZero) {
-  const LayoutInfo& v2 = *find_layout(2);
-  ASSERT_LT(v2.record_size, sizeof(Record));
-  std::vector<std::uint8_t> image(v2.record_size, 0);
-  RecordHeader h = good_.header;
-  h.version = 2;
-  h.record_size = v2.record_size;
-  std::memcpy(image.data(), &h, sizeof h);
-  std::memcpy(image.data() + offsetof(Record, identity), &good_.identity, sizeof good_.identity);
-  Snapshot head{};
-  head.device_count = 2;
-  head.publish_count = 9;
-  std::memcpy(image.data() + offsetof(Record, snapshot), &head, offsetof(Snapshot, devices));
-  for (int d = 0; d < 2; ++d) {
-    DeviceCounters c{};
-    c.bytes_allocated = 100 + d;
-    c.coop_dropped = 7 + d;  // the last counter of layout 2
-    c.ordinal = d;
-    std::memcpy(image.data() + offsetof(Record, snapshot) + offsetof(Snapshot, devices) +
-                    d * v2.device_stride,
-                &c, v2.device_stride);
-  }
-  EventSlot slot{};
-  slot.seq = 2;  // event 0, complete
-  slot.kind = static_cast<std::uint32_t>(RecordEventKind::oom);
-  slot.size = 4096;
-  std::uint64_t events_head = 1;
-  std::memcpy(image.data() + v2.events_offset + offsetof(EventRing, head), &events_head, 8);
-  std::memcpy(image.data() + v2.events_offset + offsetof(EventRing, slots), &slot, sizeof slot);
-  std::uint32_t sites = 1;
-  std::memcpy(image.data() + v2.sites_offset + offsetof(SiteTable, count), &sites, 4);
-  std::uint64_t live = 12345;
-  std::memcpy(
-      image.data() + v2.sites_offset + offsetof(SiteTable, sites) + offsetof(Site, live_bytes),
-      &live, 8);
-  write_object(name_, image.data(), image.size());
+// A record of a previous layout (2: before the program_* counters, 3: before program_served_*)
+// from a process still running an older library: read with its own device stride and offsets,
+// the newer counters zero.
+TEST_F(HostileRecord, PreviousLayoutsAreReadWithNewerCountersZero) {
+  for (const std::uint32_t version : {2u, 3u}) {
+    SCOPED_TRACE(version);
+    const LayoutInfo& v2 = *find_layout(version);
+    ASSERT_LT(v2.record_size, sizeof(Record));
+    std::vector<std::uint8_t> image(v2.record_size, 0);
+    RecordHeader h = good_.header;
+    h.version = version;
+    h.record_size = v2.record_size;
+    std::memcpy(image.data(), &h, sizeof h);
+    std::memcpy(image.data() + offsetof(Record, identity), &good_.identity, sizeof good_.identity);
+    Snapshot head{};
+    head.device_count = 2;
+    head.publish_count = 9;
+    std::memcpy(image.data() + offsetof(Record, snapshot), &head, offsetof(Snapshot, devices));
+    for (int d = 0; d < 2; ++d) {
+      DeviceCounters c{};
+      c.bytes_allocated = 100 + d;
+      c.coop_dropped = 7 + d;           // the last counter of layout 2
+      c.program_mapped_bytes = 70 + d;  // the last counter of layout 3
+      c.ordinal = d;
+      std::memcpy(image.data() + offsetof(Record, snapshot) + offsetof(Snapshot, devices) +
+                      d * v2.device_stride,
+                  &c, v2.device_stride);
+    }
+    EventSlot slot{};
+    slot.seq = 2;  // event 0, complete
+    slot.kind = static_cast<std::uint32_t>(RecordEventKind::oom);
+    slot.size = 4096;
+    std::uint64_t events_head = 1;
+    std::memcpy(image.data() + v2.events_offset + offsetof(EventRing, head), &events_head, 8);
+    std::memcpy(image.data() + v2.events_offset + offsetof(EventRing, slots), &slot, sizeof slot);
+    std::uint32_t sites = 1;
+    std::memcpy(image.data() + v2.sites_offset + offsetof(SiteTable, count), &sites, 4);
+    std::uint64_t live = 12345;
+    std::memcpy(
+        image.data() + v2.sites_offset + offsetof(SiteTable, sites) + offsetof(Site, live_bytes),
+        &live, 8);
+    write_object(name_, image.data(), image.size());
 
-  ReadError err = ReadError::none;
-  auto r = RecordReader::open(name_, ::geteuid(), &err);
-  ASSERT_TRUE(r) << to_string(err);
-  EXPECT_EQ(r->identity().layout_version, 2u);
-  SnapshotCopy snap;
-  ASSERT_EQ(r->read_snapshot(&snap), ReadError::none);
-  EXPECT_EQ(snap.layout_version, 2u);
-  EXPECT_EQ(snap.publish_count, 9u);
-  ASSERT_EQ(snap.devices.size(), 2u);
-  for (int d = 0; d < 2; ++d) {
-    EXPECT_EQ(snap.devices[d].bytes_allocated, 100u + d);
-    EXPECT_EQ(snap.devices[d].coop_dropped, 7u + d);
-    EXPECT_EQ(snap.devices[d].ordinal, d);
-    EXPECT_EQ(snap.devices[d].program_held_bytes, 0u);
-    EXPECT_EQ(snap.devices[d].program_mapped_bytes, 0u);
+    ReadError err = ReadError::none;
+    auto r = RecordReader::open(name_, ::geteuid(), &err);
+    ASSERT_TRUE(r) << to_string(err);
+    EXPECT_EQ(r->identity().layout_version, version);
+    SnapshotCopy snap;
+    ASSERT_EQ(r->read_snapshot(&snap), ReadError::none);
+    EXPECT_EQ(snap.layout_version, version);
+    EXPECT_EQ(snap.publish_count, 9u);
+    ASSERT_EQ(snap.devices.size(), 2u);
+    for (int d = 0; d < 2; ++d) {
+      EXPECT_EQ(snap.devices[d].bytes_allocated, 100u + d);
+      EXPECT_EQ(snap.devices[d].coop_dropped, 7u + d);
+      EXPECT_EQ(snap.devices[d].ordinal, d);
+      EXPECT_EQ(snap.devices[d].program_mapped_bytes, version >= 3 ? 70u + d : 0u);
+      EXPECT_EQ(snap.devices[d].program_served_bytes, 0u);
+      EXPECT_EQ(snap.devices[d].program_served_handles, 0u);
+    }
+    std::vector<EventCopy> events;
+    ASSERT_EQ(r->read_events(&events), ReadError::none);
+    ASSERT_EQ(events.size(), 1u);
+    EXPECT_EQ(events[0].size, 4096u);
+    std::vector<SiteCopy> site_copies;
+    ASSERT_EQ(r->read_sites(&site_copies), ReadError::none);
+    ASSERT_EQ(site_copies.size(), 1u);
+    EXPECT_EQ(site_copies[0].live_bytes, 12345u);
   }
-  std::vector<EventCopy> events;
-  ASSERT_EQ(r->read_events(&events), ReadError::none);
-  ASSERT_EQ(events.size(), 1u);
-  EXPECT_EQ(events[0].size, 4096u);
-  std::vector<SiteCopy> site_copies;
-  ASSERT_EQ(r->read_sites(&site_copies), ReadError::none);
-  ASSERT_EQ(site_copies.size(), 1u);
-  EXPECT_EQ(site_copies[0].live_bytes, 12345u);
 }
 
 TEST_F(HostileRecord, HeaderOfOneLayoutInAnObjectOfAnothersSizeIsRejected) {

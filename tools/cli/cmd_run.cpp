@@ -10,7 +10,7 @@
 // allocations and none of the tensors inside them. So by default run also asks the known frameworks
 // to hand every allocation down (framework_env.h: PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync,
 // or PYTORCH_NO_CUDA_MEMORY_CACHING=1 beside a PYTORCH_CUDA_ALLOC_CONF of the user's that names no
-// backend; XLA_PYTHON_CLIENT_ALLOCATOR=platform and XLA_PYTHON_CLIENT_PREALLOCATE=false;
+// backend; XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async and XLA_PYTHON_CLIENT_PREALLOCATE=false;
 // TF_GPU_ALLOCATOR=cuda_malloc_async) and says so on stderr; --keep-framework-cache leaves them
 // alone. A variable the user already set is kept.
 //

@@ -9,14 +9,21 @@ namespace {
 constexpr const char* kTorchConf = "PYTORCH_CUDA_ALLOC_CONF";
 constexpr const char* kTorchNoCache = "PYTORCH_NO_CUDA_MEMORY_CACHING";
 
-// The other frameworks: what makes each hand every allocation to cudaMalloc/cuMemAlloc/
-// cudaMallocAsync. Each is independent of the others and is set unless the user set it.
+// The other frameworks: what makes each hand every allocation to an entry point the pool serves
+// (cudaMalloc, cuMemAlloc, cudaMallocAsync, cuMemAllocFromPoolAsync on the default pool). Each is
+// independent of the others and is set unless the user set it.
+//
+// JAX: XLA 0.11 allocates device memory with the VMM API itself in every mode but cuda_async
+// (docs/frameworks.md): the BFC and platform allocators sit on cuMemCreate/cuMemMap, and no flag
+// brings cuMemAlloc back. cuda_async allocates each buffer with cuMemAllocFromPoolAsync on the
+// device's default pool, on XLA's compute stream, which the pool serves as cuMemAllocAsync; without
+// preallocation it takes nothing at start.
 struct Setting {
   const char* name;
   const char* value;
 };
 constexpr Setting kOthers[] = {
-    {"XLA_PYTHON_CLIENT_ALLOCATOR", "platform"},
+    {"XLA_PYTHON_CLIENT_ALLOCATOR", "cuda_async"},
     {"XLA_PYTHON_CLIENT_PREALLOCATE", "false"},
     {"TF_GPU_ALLOCATOR", "cuda_malloc_async"},
 };

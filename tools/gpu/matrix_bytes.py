@@ -107,13 +107,15 @@ def parse_show_json(answer):
     if not isinstance(proc, dict) or not isinstance(proc.get("devices"), list):
         return None
     layout = int(proc.get("layout_version", 0) or 0)
-    out = {"served": 0, "held": 0, "program_held": 0, "program_mapped": 0, "layout": layout,
-           "program_known": layout == 0 or layout >= 3}
+    out = {"served": 0, "held": 0, "program_held": 0, "program_mapped": 0, "program_served": 0,
+           "layout": layout, "program_known": layout == 0 or layout >= 3}
     for d in proc["devices"]:
         out["served"] += int(d.get("bytes_allocated", 0))
         out["held"] += int(d.get("bytes_reserved", 0))
         out["program_held"] += int(d.get("program_held_bytes", 0))
         out["program_mapped"] += int(d.get("program_mapped_bytes", 0))
+        # Layout 4: of the program's own handles, those the pool lent (docs/preload.md).
+        out["program_served"] += int(d.get("program_served_bytes", 0))
     return out
 
 
@@ -168,9 +170,11 @@ def evaluate(m, margin_fraction=MARGIN_FRACTION, margin_bytes=MARGIN_BYTES):
     if not pool.get("program_known", True):
         out["why"].append(f"record layout {pool.get('layout')} has no program-mapped figure")
     live = fw.get("live")
-    covers = live is None or pool["served"] >= live
+    # Served: the pool's blocks, and the handles it lent to the program's own cuMemCreate.
+    served = pool["served"] + pool.get("program_served", 0)
+    covers = live is None or served >= live
     if not covers:
-        out["why"].append(f"pool served {pool['served'] / MiB:.0f} MiB < framework live "
+        out["why"].append(f"pool served {served / MiB:.0f} MiB < framework live "
                           f"{live / MiB:.0f} MiB")
     out["verdict"] = "pass" if agree and covers else "FAIL"
     return out
@@ -257,7 +261,8 @@ def self_test():
         {"bytes_allocated": 1 * G, "bytes_reserved": 1 * G}]}}
     pool = parse_show_json(show)
     assert pool == {"served": 7 * G, "held": 8 * G, "program_held": 2 * G,
-                    "program_mapped": 2 * G, "layout": 3, "program_known": True}, pool
+                    "program_mapped": 2 * G, "program_served": 0, "layout": 3,
+                    "program_known": True}, pool
     assert parse_show_json({"ok": False}) is None
     old = parse_show_json({"process": {"layout_version": 2, "devices": []}})
     assert old["program_known"] is False
@@ -274,6 +279,10 @@ def self_test():
     assert v["verdict"] == "FAIL" and "NVML" in v["why"][0], v
     v = evaluate(m(7 * G + 300 * MiB, held=1 * G, served=1 * G, program=6 * G))
     assert v["verdict"] == "FAIL" and len(v["why"]) == 1 and "framework live" in v["why"][0], v
+    # The program's own handles lent by the pool (layout 4) count as served.
+    lent = m(7 * G + 300 * MiB, held=1 * G, served=1 * G, program=6 * G)
+    lent["pool"]["program_served"] = 5 * G
+    assert evaluate(lent)["verdict"] == "pass", evaluate(lent)
     # Served by the pool, nothing hidden: passes.
     assert evaluate(m(8 * G + 500 * MiB, program=0, live=6 * G))["verdict"] == "pass"
     # More than the margin away: fails (20 GiB on the GPU, 8 accounted).

@@ -209,6 +209,11 @@ JAX_ENV="XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_PYTHON_CLIENT_PREALLOCATE=fals
 JAX_ENV+=" XLA_FLAGS=--xla_gpu_autotune_level=0"
 row jax_check "XLA_PYTHON_CLIENT_ALLOCATOR=platform" 1e-7 "$JAX_ENV" "$JAX_ENV $S" \
   "$PY tools/gpu/jax_check.py" "$PY tools/gpu/jax_check.py"
+# What gpustitch run sets for JAX (docs/frameworks.md): every buffer from the pool.
+JAX_ASYNC="XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async XLA_PYTHON_CLIENT_PREALLOCATE=false"
+JAX_ASYNC+=" XLA_FLAGS=--xla_gpu_autotune_level=0"
+row jax_check "XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async" 1e-7 "$JAX_ASYNC" "$JAX_ASYNC $S" \
+  "$PY tools/gpu/jax_check.py" "$PY tools/gpu/jax_check.py"
 
 {
   echo

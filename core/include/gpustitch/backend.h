@@ -15,6 +15,19 @@
 
 namespace gpustitch {
 
+// What a backend's physical handles are: the properties they were created with, in the terms of
+// CUmemAllocationProp. A program that calls cuMemCreate itself may be answered with an idle
+// handle of the pool only when the handle has what it asked for (Pool::lend_handle).
+struct HandleProperties {
+  // The handles are the process's own driver handles (CUmemGenericAllocationHandle), which a
+  // program can map with the driver's cuMemMap; false for the simulated backend's memfds.
+  bool driver_handles = false;
+  unsigned handle_types = 0;      // CUmemAllocationHandleType bits (0: none)
+  bool rdma_capable = false;      // allocFlags.gpuDirectRDMACapable
+  unsigned char compression = 0;  // allocFlags.compressionType
+  bool operator==(const HandleProperties&) const = default;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -33,6 +46,14 @@ class Backend {
   // The device's UUID (cuDeviceGetUuid): what identifies one GPU across processes, whose ordinals
   // differ with CUDA_VISIBLE_DEVICES. not_supported when the backend cannot tell.
   virtual Status device_uuid(int device, DeviceUuid* out) noexcept {
+    (void)device;
+    (void)out;
+    return Status::not_supported;
+  }
+
+  // The properties every handle create() makes on device has; not_supported when the backend
+  // cannot say (then no handle of it is lent to a program).
+  virtual Status handle_properties(int device, HandleProperties* out) noexcept {
     (void)device;
     (void)out;
     return Status::not_supported;

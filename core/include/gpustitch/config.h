@@ -90,6 +90,11 @@ struct Config {
   bool coop = true;            // coop:on|off (off: neither gives nor asks)
   unsigned coop_wait_ms = 50;  // coop_wait_ms: how long an allocation waits for neighbours
   unsigned coop_rate = 4;      // coop_rate: releases per second this process grants (burst too)
+  // Memory the program maps itself with the VMM API (preload/src/program_lending.h): serve (a
+  // cuMemCreate may be answered with an idle handle of the pool of that size and matching
+  // properties, a released handle with those properties goes to the pool's cache) or count
+  // (every call goes to the driver; the memory is only counted).
+  bool serve_program_vmm = true;  // program_vmm:serve|count
 };
 
 struct ConfigResult {

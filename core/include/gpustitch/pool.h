@@ -116,6 +116,27 @@ class Pool {
   // trim in the statistics. Returns the bytes released.
   std::size_t release_idle(int device, std::size_t bytes) noexcept;
 
+  // Handle lending (handle_lending.cpp): serving a program that maps memory itself with the VMM
+  // API (cuMemCreate / cuMemRelease, as XLA does) from the pool's idle physical memory.
+  //
+  // lend_handle gives the caller an idle handle of exactly `size` bytes that has at least the
+  // properties `wanted` asks for (the same driver_handles, every wanted handle type, RDMA when
+  // wanted, the same compression), taken out of the pool: from then on it is the caller's, not
+  // counted in bytes_reserved but in handles_lent/bytes_lent. Only spare handles are lent (held
+  // unmapped, so no pending work can touch them). out_of_memory when no such handle is idle,
+  // not_supported when the backend's handles cannot have those properties, invalid_value for a
+  // size that is not a multiple of the granularity.
+  Status lend_handle(int device, std::size_t size, const HandleProperties& wanted,
+                     PhysHandle* out) noexcept;
+  // Takes back a handle the caller is done with (released and mapped nowhere): one lent_handle
+  // gave, or one the caller created itself with exactly the pool's handle properties
+  // (`created_with`). The pool keeps it as an idle spare (its own allocations reuse it, trim and
+  // cooperative release give it back to the driver). Returns false, keeping nothing, when the
+  // properties differ, the size is not a multiple of the granularity, or the pool's cap leaves
+  // no room; the caller then releases the handle to the driver itself.
+  bool take_back_handle(int device, PhysHandle handle, std::size_t size,
+                        const HandleProperties& created_with) noexcept;
+
   // Makes every present and future mapping of device's pool accessible from peer too.
   Status grant_peer_access(int device, int peer) noexcept;
 

@@ -72,6 +72,8 @@ class SimBackend final : public Backend {
   // to its backend), so processes never take two simulated devices for one GPU; for a shared
   // device, derived from its name and ordinal, the same in every process that shares it.
   Status device_uuid(int device, DeviceUuid* out) noexcept override;
+  // Memfds, no handle types: lendable only to callers that use this backend's handles.
+  Status handle_properties(int device, HandleProperties* out) noexcept override;
   Status mem_info(int device, std::size_t* free, std::size_t* total) noexcept override;
   Status reserve(int device, std::size_t size, DevPtr* out) noexcept override;
   Status unreserve(DevPtr ptr, std::size_t size) noexcept override;

@@ -44,6 +44,13 @@ struct DeviceStats {
   std::uint64_t trims = 0;  // trim passes that released memory
   std::uint64_t trimmed_bytes = 0;
   std::uint64_t ooms = 0;
+  // Handles lent to the program's own cuMemCreate (Pool::lend_handle): out now (not counted in
+  // bytes_reserved while the program holds them), and since start; handles taken back into the
+  // pool's cache when the program released them (lent ones and the program's own).
+  std::uint64_t handles_lent = 0;
+  std::uint64_t bytes_lent = 0;
+  std::uint64_t lends = 0;
+  std::uint64_t handles_taken_back = 0;
   std::uint64_t hist_allocs[kHistogramBuckets] = {};  // allocations since start, by size
   std::uint64_t hist_live[kHistogramBuckets] = {};    // live allocations now, by size
 

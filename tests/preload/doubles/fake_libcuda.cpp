@@ -444,6 +444,20 @@ API CUresult cuMemAllocAsync_ptsz(CUdeviceptr* p, std::size_t size, CUstream_st*
   count("cuMemAllocAsync_ptsz");
   return alloc_async(p, size, s);
 }
+// From a memory pool: the pool's device, counted in that pool when it is a device's default one
+// (as cuMemAllocAsync is); a pool from cuMemPoolCreate gives plain device memory.
+static CUresult alloc_from_pool_async(CUdeviceptr* p, std::size_t size, CUmemPoolHandle_st* h,
+                                      CUstream_st* s);
+API CUresult cuMemAllocFromPoolAsync(CUdeviceptr* p, std::size_t size, CUmemPoolHandle_st* pool,
+                                     CUstream_st* s) {
+  count("cuMemAllocFromPoolAsync");
+  return alloc_from_pool_async(p, size, pool, s);
+}
+API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* p, std::size_t size,
+                                          CUmemPoolHandle_st* pool, CUstream_st* s) {
+  count("cuMemAllocFromPoolAsync_ptsz");
+  return alloc_from_pool_async(p, size, pool, s);
+}
 API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream_st*) {
   count("cuMemFreeAsync");
   return release(p, Kind::device);
@@ -594,6 +608,22 @@ MemPool* as_pool(CUmemPoolHandle_st* h) {
   return nullptr;
 }
 }  // namespace
+static CUresult alloc_from_pool_async(CUdeviceptr* p, std::size_t size, CUmemPoolHandle_st* h,
+                                      CUstream_st* s) {
+  if (!p || size == 0) return kInvalidValue;
+  int dev = 0;
+  bool is_default = false;
+  {
+    std::lock_guard g(drv().mu);
+    MemPool* pool = as_pool(h);
+    if (!pool) return kInvalidValue;
+    for (MemPool* q : drv().default_pools) is_default |= q == pool;
+    dev = pool->device;
+  }
+  int stream_dev = 0;
+  if (CUresult r = stream_get_device(s, &stream_dev); r != kOk) return r;
+  return allocate(p, size, dev, Kind::device, is_default);
+}
 API CUresult cuDeviceGetDefaultMemPool(CUmemPoolHandle_st** pool, int dev) {
   count("cuDeviceGetDefaultMemPool");
   if (!pool) return kInvalidValue;
@@ -729,6 +759,9 @@ VMM_API CUresult cuMemGetAllocationGranularity(std::size_t* g, const void* prop,
   *g = kGranularity;
   return kOk;
 }
+// POSIX file descriptor (type 1) only: a new descriptor of the handle's memfd.
+VMM_API CUresult cuMemExportToShareableHandle(void* shareable, std::uint64_t handle, int type,
+                                              unsigned long long flags);
 VMM_API CUresult cuMemCreate(std::uint64_t* handle, std::size_t size, const void* prop,
                              unsigned long long flags) {
   count("cuMemCreate");
@@ -852,6 +885,18 @@ VMM_API CUresult cuMemAddressReserve(CUdeviceptr* ptr, std::size_t size, std::si
   std::lock_guard g(vmm().mu);
   vmm().reserved[aligned] = size;
   *ptr = aligned;
+  return kOk;
+}
+VMM_API CUresult cuMemExportToShareableHandle(void* shareable, std::uint64_t handle, int type,
+                                              unsigned long long flags) {
+  count("cuMemExportToShareableHandle");
+  if (!shareable || type != 1 || flags != 0) return kInvalidValue;
+  std::lock_guard g(vmm().mu);
+  auto it = vmm().handles.find(handle);
+  if (it == vmm().handles.end() || it->second.refs <= 0) return kInvalidValue;
+  const int fd = dup(it->second.fd);
+  if (fd < 0) return kOom;
+  std::memcpy(shareable, &fd, sizeof fd);
   return kOk;
 }
 VMM_API CUresult cuMemAddressFree(CUdeviceptr ptr, std::size_t size) {
@@ -985,6 +1030,8 @@ const Proc kProcs[] = {
     {"cuMemAlloc", 3020, FN(cuMemAlloc_v2), nullptr},
     {"cuMemFree", 3020, FN(cuMemFree_v2), nullptr},
     {"cuMemAllocAsync", 11020, FN(cuMemAllocAsync), FN(cuMemAllocAsync_ptsz)},
+    {"cuMemAllocFromPoolAsync", 11020, FN(cuMemAllocFromPoolAsync),
+     FN(cuMemAllocFromPoolAsync_ptsz)},
     {"cuMemFreeAsync", 11020, FN(cuMemFreeAsync), FN(cuMemFreeAsync_ptsz)},
     {"cuMemAllocPitch", 3020, FN(cuMemAllocPitch_v2), nullptr},
     {"cuMemAllocManaged", 6000, FN(cuMemAllocManaged), nullptr},
@@ -1009,6 +1056,7 @@ const Proc kProcs[] = {
     {"cuMemRetainAllocationHandle", 11000, FN(cuMemRetainAllocationHandle), nullptr},
     {"cuMemAddressReserve", 10020, FN(cuMemAddressReserve), nullptr},
     {"cuMemAddressFree", 10020, FN(cuMemAddressFree), nullptr},
+    {"cuMemExportToShareableHandle", 10020, FN(cuMemExportToShareableHandle), nullptr},
     {"cuMemMap", 10020, FN(cuMemMap), nullptr},
     {"cuMemUnmap", 10020, FN(cuMemUnmap), nullptr},
     {"cuMemSetAccess", 10020, FN(cuMemSetAccess), nullptr},

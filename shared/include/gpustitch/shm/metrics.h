@@ -56,9 +56,11 @@ inline constexpr MetricSpec kMetrics[] = {
     {"gpustitch_device_total_bytes", MetricKind::gauge, "Driver-reported total memory of the GPU.",
      &DeviceCounters::device_total, MetricScope::gpu},
     {"gpustitch_program_mapped_bytes", MetricKind::gauge,
-     "Device memory the program maps itself (cuMemCreate/cuMemMap, not served by the pool): "
-     "physical bytes it holds.",
+     "Device memory the program maps itself (cuMemCreate/cuMemMap): physical bytes it holds.",
      &DeviceCounters::program_held_bytes},
+    {"gpustitch_program_served_bytes", MetricKind::gauge,
+     "Of the memory the program maps itself, the bytes of handles the pool lent it.",
+     &DeviceCounters::program_served_bytes},
     {"gpustitch_program_handles", MetricKind::gauge,
      "Physical memory handles the program created itself and has not released.",
      &DeviceCounters::program_handles},

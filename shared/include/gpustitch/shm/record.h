@@ -30,8 +30,9 @@
 namespace gpustitch::shm {
 
 inline constexpr std::uint64_t kRecordMagic = 0x3148435449545347ull;  // "GSTITCH1", little endian
-// 2: cooperative-release counters; 3: memory the program maps itself (program_*).
-inline constexpr std::uint32_t kLayoutVersion = 3;
+// 2: cooperative-release counters; 3: memory the program maps itself (program_*); 4: of that,
+// what the pool served (program_served_*).
+inline constexpr std::uint32_t kLayoutVersion = 4;
 
 inline constexpr int kMaxDevices = 16;
 inline constexpr int kHistogramBuckets = 32;  // = gpustitch::kHistogramBuckets (checked in .cpp)
@@ -80,13 +81,15 @@ inline constexpr std::size_t kUuidBytes = 16;
   X(coop_requests)       /* requests received (valid or not) */                            \
   X(coop_dropped)        /* requests dropped: rate limit, malformed, sender not permitted */
 
-// Device memory the program maps itself with the VMM API (cuMemCreate/cuMemMap), which the pool
-// does not serve, kept by the preload library (preload/src/program_memory.h). Layout 3.
-#define GPUSTITCH_SHM_PROGRAM_COUNTERS(X)                                                        \
-  X(program_held_bytes)    /* physical bytes it holds: created and not both released+unmapped */ \
-  X(program_created_bytes) /* bytes of handles created and not released */                       \
-  X(program_handles)       /* handles created and not released */                                \
-  X(program_mapped_bytes)  /* bytes of address range mapped and not unmapped */
+// Device memory the program maps itself with the VMM API (cuMemCreate/cuMemMap), kept by the
+// preload library (preload/src/program_memory.h). Layout 3; program_served_* layout 4.
+#define GPUSTITCH_SHM_PROGRAM_COUNTERS(X)                                                          \
+  X(program_held_bytes)     /* physical bytes it holds: created and not both released+unmapped */  \
+  X(program_created_bytes)  /* bytes of handles created and not released */                        \
+  X(program_handles)        /* handles created and not released */                                 \
+  X(program_mapped_bytes)   /* bytes of address range mapped and not unmapped */                   \
+  X(program_served_bytes)   /* of program_held_bytes: handles the pool lent (program_lending.h) */ \
+  X(program_served_handles) /* those handles */
 
 struct DeviceCounters {
 #define GPUSTITCH_SHM_FIELD(name) std::uint64_t name;
@@ -222,9 +225,10 @@ struct Record {
 
 // ---- layout pins: a change here is a layout change, bump kLayoutVersion --------------------
 static_assert(std::is_trivially_copyable_v<Record> && std::is_standard_layout_v<Record>);
-static_assert(sizeof(DeviceCounters) == 24 * 8 + 2 * kHistogramBuckets * 8 + 32 + 7 * 8 + 4 * 8);
-static_assert(sizeof(DeviceCounters) == 824);
+static_assert(sizeof(DeviceCounters) == 24 * 8 + 2 * kHistogramBuckets * 8 + 32 + 7 * 8 + 6 * 8);
+static_assert(sizeof(DeviceCounters) == 840);
 static_assert(offsetof(DeviceCounters, program_held_bytes) == 792);
+static_assert(offsetof(DeviceCounters, program_served_bytes) == 824);
 static_assert(sizeof(RecordHeader) == 64);
 static_assert(sizeof(Identity) == 48 + kExeBytes + kCmdlineBytes);
 static_assert(sizeof(Snapshot) == 64 + kMaxDevices * sizeof(DeviceCounters));
@@ -236,9 +240,9 @@ static_assert(sizeof(SiteTable) == 64 + kMaxSites * sizeof(Site));
 static_assert(offsetof(Record, header) == 0);
 static_assert(offsetof(Record, identity) == 64);
 static_assert(offsetof(Record, snapshot) == 64 + 1328);
-static_assert(offsetof(Record, events) == 1392 + 13248);
-static_assert(offsetof(Record, sites) == 14640 + 6208);
-static_assert(sizeof(Record) == 20848 + 21952);
+static_assert(offsetof(Record, events) == 1392 + 13504);
+static_assert(offsetof(Record, sites) == 14896 + 6208);
+static_assert(sizeof(Record) == 21104 + 21952);
 static_assert(offsetof(Snapshot, devices) == 64);
 static_assert(offsetof(EventRing, slots) == 64);
 static_assert(offsetof(SiteTable, sites) == 64);
@@ -264,16 +268,21 @@ constexpr LayoutInfo layout_with_stride(std::uint32_t version, std::size_t strid
 }
 inline constexpr LayoutInfo kReadableLayouts[] = {
     layout_with_stride(kLayoutVersion, sizeof(DeviceCounters)),
+    // 3: without the program_served_* counters.
+    layout_with_stride(3, offsetof(DeviceCounters, program_served_bytes)),
     // 2: without the program_* counters.
     layout_with_stride(2, offsetof(DeviceCounters, program_held_bytes)),
 };
 static_assert(kReadableLayouts[0].record_size == sizeof(Record));
 static_assert(kReadableLayouts[0].events_offset == offsetof(Record, events));
 static_assert(kReadableLayouts[0].sites_offset == offsetof(Record, sites));
-// Layout 2 as it was pinned when it was current.
-static_assert(kReadableLayouts[1].record_size == 20336 + 21952);
-static_assert(kReadableLayouts[1].events_offset == 1392 + 12736);
-static_assert(kReadableLayouts[1].sites_offset == 14128 + 6208);
+// Layouts 3 and 2 as they were pinned when they were current.
+static_assert(kReadableLayouts[1].record_size == 20848 + 21952);
+static_assert(kReadableLayouts[1].events_offset == 1392 + 13248);
+static_assert(kReadableLayouts[1].sites_offset == 14640 + 6208);
+static_assert(kReadableLayouts[2].record_size == 20336 + 21952);
+static_assert(kReadableLayouts[2].events_offset == 1392 + 12736);
+static_assert(kReadableLayouts[2].sites_offset == 14128 + 6208);
 
 // The readable layout with this version, or null.
 constexpr const LayoutInfo* find_layout(std::uint32_t version) {
