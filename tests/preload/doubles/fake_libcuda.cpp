@@ -887,18 +887,6 @@ VMM_API CUresult cuMemAddressReserve(CUdeviceptr* ptr, std::size_t size, std::si
   *ptr = aligned;
   return kOk;
 }
-VMM_API CUresult cuMemExportToShareableHandle(void* shareable, std::uint64_t handle, int type,
-                                              unsigned long long flags) {
-  count("cuMemExportToShareableHandle");
-  if (!shareable || type != 1 || flags != 0) return kInvalidValue;
-  std::lock_guard g(vmm().mu);
-  auto it = vmm().handles.find(handle);
-  if (it == vmm().handles.end() || it->second.refs <= 0) return kInvalidValue;
-  const int fd = dup(it->second.fd);
-  if (fd < 0) return kOom;
-  std::memcpy(shareable, &fd, sizeof fd);
-  return kOk;
-}
 VMM_API CUresult cuMemAddressFree(CUdeviceptr ptr, std::size_t size) {
   count("cuMemAddressFree");
   note_args("cuMemAddressFree", ptr, size);
@@ -1060,7 +1048,6 @@ const Proc kProcs[] = {
     {"cuMemMap", 10020, FN(cuMemMap), nullptr},
     {"cuMemUnmap", 10020, FN(cuMemUnmap), nullptr},
     {"cuMemSetAccess", 10020, FN(cuMemSetAccess), nullptr},
-    {"cuMemExportToShareableHandle", 10020, FN(cuMemExportToShareableHandle), nullptr},
     {"cuMemImportFromShareableHandle", 10020, FN(cuMemImportFromShareableHandle), nullptr},
 #endif
     {"cuGetProcAddress", 11030, FN(cuGetProcAddress), nullptr},
