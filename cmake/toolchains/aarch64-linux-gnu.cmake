@@ -15,9 +15,9 @@
 # or libcudart (the driver is dlopen'ed), so no aarch64 toolkit is needed.
 #
 # Programs built here run on the build machine under qemu-user (CMAKE_CROSSCOMPILING_EMULATOR):
-# ctest prefixes every test with it, and tests that start child programs read it from
-# GPUSTITCH_TEST_EMULATOR (tests/CMakeLists.txt), because qemu-user does not follow execve into
-# another foreign binary and CI containers have no binfmt_misc to do it for them. The statically
+# ctest prefixes every test with it, and tests that start child programs start them through it
+# too (GPUSTITCH_TEST_EMULATOR, tests/CMakeLists.txt), because qemu-user does not follow execve
+# into another foreign binary and CI containers have no binfmt_misc to do it for them. The statically
 # linked qemu-aarch64-static is used so that LD_PRELOAD and LD_LIBRARY_PATH in a test's
 # environment reach the emulated program's loader and not the emulator's.
 set(CMAKE_SYSTEM_NAME Linux)
@@ -36,6 +36,7 @@ set(ENV{PKG_CONFIG_LIBDIR} "/usr/lib/aarch64-linux-gnu/pkgconfig:/usr/share/pkgc
 
 # The emulated programs' loader and libc are libc6:arm64's (/lib/ld-linux-aarch64.so.1,
 # /lib/aarch64-linux-gnu), at the paths the aarch64 loader looks in: qemu needs no -L prefix.
+set(GPUSTITCH_TARGET_LOADER /lib/ld-linux-aarch64.so.1)
 find_program(GPUSTITCH_QEMU_AARCH64 qemu-aarch64-static)
 if(GPUSTITCH_QEMU_AARCH64)
   set(CMAKE_CROSSCOMPILING_EMULATOR ${GPUSTITCH_QEMU_AARCH64})
