@@ -14,22 +14,20 @@
 # the x86_64 toolkit's, which describe the same API on every architecture; nothing links libcuda
 # or libcudart (the driver is dlopen'ed), so no aarch64 toolkit is needed.
 #
+# Debian's multiarch layout needs no sysroot: the target's files live beside the build machine's.
+#
 # Programs built here run on the build machine under qemu-user (CMAKE_CROSSCOMPILING_EMULATOR):
 # ctest prefixes every test with it, and tests that start child programs start them through it
 # too (GPUSTITCH_TEST_EMULATOR, tests/CMakeLists.txt), because qemu-user does not follow execve
-# into another foreign binary and CI containers have no binfmt_misc to do it for them. The statically
-# linked qemu-aarch64-static is used so that LD_PRELOAD and LD_LIBRARY_PATH in a test's
-# environment reach the emulated program's loader and not the emulator's.
+# into another foreign binary and CI containers have no binfmt_misc to do it for them. The
+# statically linked qemu-aarch64-static is used so that LD_PRELOAD and LD_LIBRARY_PATH in a
+# test's environment reach the emulated program's loader and not the emulator's.
 set(CMAKE_SYSTEM_NAME Linux)
 set(CMAKE_SYSTEM_PROCESSOR aarch64)
 set(CMAKE_LIBRARY_ARCHITECTURE aarch64-linux-gnu)
 
 set(CMAKE_C_COMPILER aarch64-linux-gnu-gcc)
 set(CMAKE_CXX_COMPILER aarch64-linux-gnu-g++)
-
-# Debian's multiarch layout: no separate sysroot, the target's files live beside the host's.
-# Programs (python3, dpkg-shlibdeps, the emulator) are the build machine's.
-set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)
 
 # pkg-config (libsystemd) reads the target's .pc files, not the build machine's.
 set(ENV{PKG_CONFIG_LIBDIR} "/usr/lib/aarch64-linux-gnu/pkgconfig:/usr/share/pkgconfig")
@@ -40,6 +38,10 @@ set(GPUSTITCH_TARGET_LOADER /lib/ld-linux-aarch64.so.1)
 find_program(GPUSTITCH_QEMU_AARCH64 qemu-aarch64-static)
 if(GPUSTITCH_QEMU_AARCH64)
   set(CMAKE_CROSSCOMPILING_EMULATOR ${GPUSTITCH_QEMU_AARCH64})
+else()
+  # The test binaries list their tests at build time (gtest_discover_tests) by running them.
+  message(WARNING "qemu-aarch64-static not found (package qemu-user-static): the tests cannot "
+                  "run; configure with -DGPUSTITCH_BUILD_TESTS=OFF to build without them")
 endif()
 
 # CUDA device code is not cross-built (the GPU programs are built on the GPU machine).

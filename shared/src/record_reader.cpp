@@ -19,7 +19,9 @@ namespace {
 // on this thread's behalf, and a system call is not a barrier: x86 never reorders loads with
 // loads, but aarch64 may, and without the fence a payload copy could hold bytes older than the
 // first sequence read or newer than the second, which the sequence check would then accept.
-inline void order_copies() noexcept { std::atomic_thread_fence(std::memory_order_acquire); }
+inline void order_copies() noexcept {
+  std::atomic_thread_fence(std::memory_order_acquire);
+}
 
 std::string bounded_string(const char* s, std::size_t cap) {
   std::size_t n = ::strnlen(s, cap);
