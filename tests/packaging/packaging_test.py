@@ -80,6 +80,7 @@ class Ctx:
         self.daemon_build = a.daemon
         # The package's architecture: the build machine's, or a cross build's target.
         self.deb_arch = a.deb_arch or run(["dpkg", "--print-architecture"]).stdout.strip()
+        self.emulator = a.emulator  # runs the package's programs in a cross build
         self.deb_dir = os.path.join(self.work, "deb")
         self.root = os.path.join(self.work, "root")
 
@@ -225,6 +226,13 @@ def step_contents(c):
 
     # The bash completion completes the installed CLI's subcommands and a subcommand's options.
     bindir = os.path.dirname(os.path.join(c.root, c.rel(c.layout["cli"])))
+    if c.emulator:
+        # A cross build's CLI runs under the emulator: a gpustitch on PATH that starts it so.
+        real = os.path.join(bindir, "gpustitch")
+        bindir = tempfile.mkdtemp(dir=c.work)
+        with open(os.path.join(bindir, "gpustitch"), "w") as fh:
+            fh.write(f'#!/bin/sh\nexec {c.emulator} {real} "$@"\n')
+        os.chmod(os.path.join(bindir, "gpustitch"), 0o755)
     completion = os.path.join(c.root, c.rel(c.layout["bash_completion"]))
     help_text = run([os.path.join(bindir, "gpustitch"), "--help"]).stdout
     subs = re.findall(r"^  ([a-z][a-z-]*)\s", help_text.split("ubcommands:")[-1], re.M)
@@ -257,9 +265,11 @@ def owning_packages(soname):
         # libspdlog1.10-fmt9, which is what its shlibs file puts in Depends).
         names = set(owners)
         for pkg in owners:
-            q = subprocess.run(["dpkg-query", "-W", "-f=${Provides}", pkg], text=True,
+            # One line per installed architecture of pkg (multiarch: amd64 and arm64 both).
+            q = subprocess.run(["dpkg-query", "-W", "-f=${Provides}\n", pkg], text=True,
                                capture_output=True)
-            names.update(p.strip().split()[0] for p in q.stdout.split(",") if p.strip())
+            names.update(p.strip().split()[0] for p in q.stdout.replace("\n", ",").split(",")
+                         if p.strip())
         _owner_cache[soname] = names
     return _owner_cache[soname]
 
@@ -964,6 +974,8 @@ def main():
     ap.add_argument("--daemon", default="", help="the built (not installed) gpustitchd")
     ap.add_argument("--deb-arch", default="",
                     help="the package's Debian architecture (default: dpkg's, the build machine)")
+    ap.add_argument("--emulator", default="",
+                    help="a cross build's emulator (CMAKE_CROSSCOMPILING_EMULATOR), for the CLI")
     a = ap.parse_args()
     try:
         STEPS[a.step](Ctx(a))
