@@ -9,10 +9,19 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 namespace gpustitch::shm {
 namespace {
+
+// The seqlock reader's fences (seqlock.h) between its copies. Each pread(2) is the kernel loading
+// on this thread's behalf, and a system call is not a barrier: x86 never reorders loads with
+// loads, but aarch64 may, and without the fence a payload copy could hold bytes older than the
+// first sequence read or newer than the second, which the sequence check would then accept.
+inline void order_copies() noexcept {
+  std::atomic_thread_fence(std::memory_order_acquire);
+}
 
 std::string bounded_string(const char* s, std::size_t cap) {
   std::size_t n = ::strnlen(s, cap);
@@ -311,6 +320,7 @@ ReadError RecordReader::read_snapshot(SnapshotCopy* out) const {
     std::uint64_t s1 = 0, s2 = 0;
     if (!pread_all(&s1, 8, base + offsetof(Snapshot, seq))) return ReadError::io;
     if (s1 & 1) continue;
+    order_copies();
     // One copy of the fixed part plus as many devices as last time; more only if the count grew.
     // device_count is re-validated on decode.
     std::size_t guess = std::min<std::size_t>(device_guess_, kMaxDevices);
@@ -323,6 +333,7 @@ ReadError RecordReader::read_snapshot(SnapshotCopy* out) const {
     if (n > guess &&
         !pread_all(buf + head + guess * stride, (n - guess) * stride, base + head + guess * stride))
       return ReadError::io;
+    order_copies();
     if (!pread_all(&s2, 8, base + offsetof(Snapshot, seq))) return ReadError::io;
     std::uint64_t copied_seq;
     std::memcpy(&copied_seq, buf + offsetof(Snapshot, seq), 8);
@@ -348,6 +359,7 @@ ReadError RecordReader::read_events(std::vector<EventCopy>* out, std::uint64_t* 
   std::vector<std::uint8_t> buf(sizeof(EventRing));
   for (int attempt = 0; attempt < kMaxReadRetries; ++attempt) {
     if (!pread_all(buf.data(), buf.size(), layout_->events_offset)) return ReadError::io;
+    order_copies();
     std::vector<std::uint8_t> again(sizeof(EventRing));
     if (!pread_all(again.data(), again.size(), layout_->events_offset)) return ReadError::io;
     // Keep only slots whose sequence did not move between the two copies.
@@ -375,7 +387,9 @@ ReadError RecordReader::read_sites(std::vector<SiteCopy>* out, std::uint64_t* up
     std::uint64_t s1 = 0, s2 = 0;
     if (!pread_all(&s1, 8, base)) return ReadError::io;
     if (s1 & 1) continue;
+    order_copies();
     if (!pread_all(buf.data(), buf.size(), base)) return ReadError::io;
+    order_copies();
     if (!pread_all(&s2, 8, base)) return ReadError::io;
     std::uint64_t copied;
     std::memcpy(&copied, buf.data(), 8);

@@ -78,6 +78,9 @@ class Ctx:
         self.producer = a.producer
         self.cuda_doubles = a.cuda_doubles
         self.daemon_build = a.daemon
+        # The package's architecture: the build machine's, or a cross build's target.
+        self.deb_arch = a.deb_arch or run(["dpkg", "--print-architecture"]).stdout.strip()
+        self.emulator = a.emulator  # runs the package's programs in a cross build
         self.deb_dir = os.path.join(self.work, "deb")
         self.root = os.path.join(self.work, "root")
 
@@ -144,6 +147,10 @@ def dpkg_fields(deb):
     return fields
 
 
+# readelf -h's Machine field for each Debian architecture the package is built for.
+ELF_MACHINE = {"amd64": "X86-64", "arm64": "AArch64"}
+
+
 def step_contents(c):
     deb = c.deb()
     listing = run(["dpkg-deb", "-c", deb]).stdout.splitlines()
@@ -171,7 +178,7 @@ def step_contents(c):
     print(f"file list: {len(files)} files, all expected ones present with the right modes")
 
     f = dpkg_fields(deb)
-    arch = run(["dpkg", "--print-architecture"]).stdout.strip()
+    arch = c.deb_arch
     check(f.get("Package") == "gpustitch", f"Package: {f.get('Package')}")
     check(f.get("Version") == c.version(), f"Version {f.get('Version')} != VERSION {c.version()}")
     check(f.get("Architecture") == arch, f"Architecture {f.get('Architecture')} != {arch}")
@@ -189,6 +196,12 @@ def step_contents(c):
         with open(full, "rb") as fh:
             if fh.read(4) != b"\x7fELF":
                 continue
+        # Every binary is built for the package's architecture (an arm64 .deb from a cross
+        # build holds no build-machine binary).
+        machine = re.search(r"Machine:\s+(.+)", run(["readelf", "-h", full]).stdout)
+        want_machine = ELF_MACHINE.get(arch)
+        check(want_machine and machine and want_machine in machine.group(1),
+              f"{path} is built for {machine.group(1) if machine else '?'}, not {arch}")
         needed = re.findall(r"\(NEEDED\)\s+Shared library: \[(.+?)\]",
                             run(["readelf", "-d", full]).stdout)
         for soname in needed:
@@ -213,6 +226,13 @@ def step_contents(c):
 
     # The bash completion completes the installed CLI's subcommands and a subcommand's options.
     bindir = os.path.dirname(os.path.join(c.root, c.rel(c.layout["cli"])))
+    if c.emulator:
+        # A cross build's CLI runs under the emulator: a gpustitch on PATH that starts it so.
+        real = os.path.join(bindir, "gpustitch")
+        bindir = tempfile.mkdtemp(dir=c.work)
+        with open(os.path.join(bindir, "gpustitch"), "w") as fh:
+            fh.write(f'#!/bin/sh\nexec {c.emulator} {real} "$@"\n')
+        os.chmod(os.path.join(bindir, "gpustitch"), 0o755)
     completion = os.path.join(c.root, c.rel(c.layout["bash_completion"]))
     help_text = run([os.path.join(bindir, "gpustitch"), "--help"]).stdout
     subs = re.findall(r"^  ([a-z][a-z-]*)\s", help_text.split("ubcommands:")[-1], re.M)
@@ -245,9 +265,11 @@ def owning_packages(soname):
         # libspdlog1.10-fmt9, which is what its shlibs file puts in Depends).
         names = set(owners)
         for pkg in owners:
-            q = subprocess.run(["dpkg-query", "-W", "-f=${Provides}", pkg], text=True,
+            # One line per installed architecture of pkg (multiarch: amd64 and arm64 both).
+            q = subprocess.run(["dpkg-query", "-W", "-f=${Provides}\n", pkg], text=True,
                                capture_output=True)
-            names.update(p.strip().split()[0] for p in q.stdout.split(",") if p.strip())
+            names.update(p.strip().split()[0] for p in q.stdout.replace("\n", ",").split(",")
+                         if p.strip())
         _owner_cache[soname] = names
     return _owner_cache[soname]
 
@@ -950,6 +972,10 @@ def main():
     ap.add_argument("--cuda-doubles", default="",
                     help="LD_LIBRARY_PATH with the CUDA runtime/driver test doubles")
     ap.add_argument("--daemon", default="", help="the built (not installed) gpustitchd")
+    ap.add_argument("--deb-arch", default="",
+                    help="the package's Debian architecture (default: dpkg's, the build machine)")
+    ap.add_argument("--emulator", default="",
+                    help="a cross build's emulator (CMAKE_CROSSCOMPILING_EMULATOR), for the CLI")
     a = ap.parse_args()
     try:
         STEPS[a.step](Ctx(a))

@@ -53,9 +53,10 @@ class Peer {
     std::vector<char*> envp, argv;
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
-    std::string prog = PEER_PATH;
-    argv = {prog.data(), nullptr};
-    EXPECT_EQ(posix_spawn(&pid_, prog.c_str(), &fa, nullptr, argv.data(), envp.data()), 0);
+    std::vector<std::string> args = subprocess::emulated({PEER_PATH});
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    EXPECT_EQ(posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), envp.data()), 0);
     posix_spawn_file_actions_destroy(&fa);
     close(in[0]);
     close(out[1]);

@@ -33,9 +33,13 @@ int cuStreamCreate(CUstream_st**, unsigned);
 int cuStreamDestroy_v2(CUstream_st*);
 int cuMemAllocAsync(CUdeviceptr*, std::size_t, CUstream_st*);
 int cuMemFreeAsync(CUdeviceptr, CUstream_st*);
-// A reference to the pre-2.34 version of dlsym.
-void* dlsym_glibc_2_2_5(void*, const char*);
-__asm__(".symver dlsym_glibc_2_2_5,dlsym@GLIBC_2.2.5");
+// A reference to the pre-2.34 version of dlsym: the architecture's first glibc version.
+void* dlsym_pre_2_34(void*, const char*);
+#if defined(__aarch64__)
+__asm__(".symver dlsym_pre_2_34,dlsym@GLIBC_2.17");
+#else
+__asm__(".symver dlsym_pre_2_34,dlsym@GLIBC_2.2.5");
+#endif
 }
 
 namespace {
@@ -155,11 +159,12 @@ TEST_F(DynamicRuntime, DriverThroughDlsymOnTheLibcudaHandle) {
 
 TEST_F(DynamicRuntime, DlsymOfBothGlibcVersions) {
   // This binary references dlsym@GLIBC_2.34 (plain calls, glibc >= 2.34) and, through the alias
-  // below, dlsym@GLIBC_2.2.5 as programs built against older glibc do. Both must bind to the hook.
-  EXPECT_EQ(shim::library_of(reinterpret_cast<void*>(&dlsym_glibc_2_2_5)), "libgpustitch.so");
-  EXPECT_EQ(shim::library_of(dlsym_glibc_2_2_5(libcuda(), "cuMemAlloc_v2")), "libgpustitch.so");
+  // above, dlsym@GLIBC_2.2.5 (x86_64) or dlsym@GLIBC_2.17 (aarch64) as programs built against older
+  // glibc do. Both must bind to the hook.
+  EXPECT_EQ(shim::library_of(reinterpret_cast<void*>(&dlsym_pre_2_34)), "libgpustitch.so");
+  EXPECT_EQ(shim::library_of(dlsym_pre_2_34(libcuda(), "cuMemAlloc_v2")), "libgpustitch.so");
   EXPECT_EQ(shim::library_of(dlsym(libcuda(), "cuMemAlloc_v2")), "libgpustitch.so");
-  EXPECT_EQ(shim::library_of(dlsym_glibc_2_2_5(libcuda(), "cuCtxGetDevice")), "libcuda.so.1");
+  EXPECT_EQ(shim::library_of(dlsym_pre_2_34(libcuda(), "cuCtxGetDevice")), "libcuda.so.1");
 }
 
 TEST_F(DynamicRuntime, DlsymRtldNextStaysRelativeToTheCaller) {

@@ -28,10 +28,28 @@ inline std::string slurp(const std::string& path) {
   return ss.str();
 }
 
+// argv as started: through the emulator in a cross build whose tests run under one (qemu-user,
+// CMAKE_CROSSCOMPILING_EMULATOR, compiled in as GPUSTITCH_TEST_EMULATOR by tests/CMakeLists.txt).
+// qemu-user emulates one program: an execve of another foreign binary goes to the kernel, which
+// cannot run it without binfmt_misc (absent in CI containers). The emulator passes the environment
+// (LD_PRELOAD included) to the emulated program's loader, and the child keeps its pid.
+inline std::vector<std::string> emulated(std::vector<std::string> argv) {
+#ifdef GPUSTITCH_TEST_EMULATOR
+  std::vector<std::string> cmd;
+  std::istringstream words(GPUSTITCH_TEST_EMULATOR);
+  for (std::string w; words >> w;) cmd.push_back(w);
+  cmd.insert(cmd.end(), argv.begin(), argv.end());
+  return cmd;
+#else
+  return argv;
+#endif
+}
+
 // timeout_s > 0: a child still running then is killed (SIGKILL, status 137), so a test of a
 // hang fails instead of hanging.
 inline Result run(std::vector<std::string> argv, std::vector<std::string> env,
                   unsigned timeout_s = 0) {
+  argv = emulated(std::move(argv));
   static int n = 0;
   std::string base = std::string(::testing::TempDir()) + "gpustitch_sub_" +
                      std::to_string(getpid()) + "_" + std::to_string(n++);
