@@ -129,7 +129,7 @@ Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
   Status status = Status::ok;
   bool may_wait = stream != kAnyStream && config_.stream_miss_fence;
   for (int attempt = 0; attempt < 2; ++attempt) {
-    bool wait = false;
+    std::uint64_t wait = 0;  // the epoch to wait for, if the device path asks
     {
       std::unique_lock<HybridLock> arena_lock;
       bool grow = false;  // take more memory: the arena's fitting blocks wait for one fence
@@ -182,10 +182,10 @@ Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
         note_peak();
         break;
       }
-      if (!wait && (status != Status::out_of_memory || attempt == 1)) break;
+      if (wait == 0 && (status != Status::out_of_memory || attempt == 1)) break;
     }
-    if (wait) {  // once per allocation, then it grows
-      wait_for_reclaimer();
+    if (wait != 0) {  // once per allocation, then it grows
+      wait_for_reclaimer(wait);
       may_wait = false;
       --attempt;
       continue;
@@ -200,7 +200,7 @@ Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
 
 Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream stream, Block** out,
                                   Outcome* outcome, Arena* owner, bool grow,
-                                  bool* wait_for_fence) noexcept {
+                                  std::uint64_t* wait_for_fence) noexcept {
   (void)size;
   auto cached = [&] {
     Block* b = take_cached(rounded, stream);
@@ -265,7 +265,7 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
       fence_locked();
       if (cached()) return Status::ok;
     } else if (wait_for_fence != nullptr) {
-      *wait_for_fence = true;
+      *wait_for_fence = fq_tail_->epoch;  // the newest free: a fence of it covers them all
       return Status::out_of_memory;
     }
   }

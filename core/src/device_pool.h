@@ -84,11 +84,11 @@ class DevicePool final {
   // --- allocation paths (lock held) ---
   // owner: the calling thread's arena (its lock held) when the block will be registered there.
   // grow: skip fencing for memory that is about to come back (grow_rather_than_fence).
-  // *wait_for_fence (if given) set, with out_of_memory: wait for the reclaimer's fence without
-  // the locks (wait_for_reclaimer), then retry.
+  // *wait_for_fence (if given) set to a fence epoch, with out_of_memory: wait for the reclaimer's
+  // fence of that epoch without the locks (wait_for_reclaimer), then retry.
   Status allocate_large(std::size_t size, std::size_t rounded, Stream stream, Block** out,
                         Outcome* outcome, Arena* owner = nullptr, bool grow = false,
-                        bool* wait_for_fence = nullptr) noexcept;
+                        std::uint64_t* wait_for_fence = nullptr) noexcept;
   Block* take_cached(std::size_t rounded, Stream stream) noexcept;
   // Best fit in `set` (heap's free blocks, or a stream's pending ones), cut at the request.
   Block* take_from(LargeHeap& heap, FreeSet& set, std::size_t rounded, bool pending) noexcept;
@@ -114,9 +114,9 @@ class DevicePool final {
   bool fence_pass() noexcept;    // reclaimer thread entry: unlocked
   void fence_locked() noexcept;  // slow path: fence with the lock held
   void promote(std::uint64_t epoch) noexcept;
-  // No lock held: waits, for a bounded time, until the reclaimer's fence covers every free made so
-  // far, then promotes what it covered.
-  void wait_for_reclaimer() noexcept;
+  // No lock held: waits, for a bounded time, until a completed fence covers `epoch`, then
+  // promotes what the fences covered.
+  void wait_for_reclaimer(std::uint64_t epoch) noexcept;
   std::size_t trim_locked(std::size_t keep, Outcome* outcome) noexcept;
   std::size_t release_one_locked(std::size_t wanted) noexcept;
   bool release_wanted_locked() const noexcept;  // idle cached memory above release_threshold

@@ -42,17 +42,18 @@ void DevicePool::fence_locked() noexcept {
   last_fence_ns_.store(monotonic_ns() - start, std::memory_order_relaxed);
 }
 
-void DevicePool::wait_for_reclaimer() noexcept {
+void DevicePool::wait_for_reclaimer(std::uint64_t epoch) noexcept {
   // The wait is bounded by a few times the last fence (a busy device drains its queue in about
-  // that), at least 1 ms and at most 20 ms, after which the allocation takes fresh memory as
-  // it would have: never a hang, whatever the program's streams wait for.
-  const std::uint64_t target = epoch_.load();
+  // that), at least 1 ms and at most 20 ms (20 ms before any fence completed), after which the
+  // allocation takes fresh memory as it would have: never a hang, whatever the program's streams
+  // wait for.
   const std::uint64_t last = last_fence_ns_.load(std::memory_order_relaxed);
-  const std::uint64_t bound =
-      std::clamp<std::uint64_t>(last == UINT64_MAX ? 0 : 4 * last, 1'000'000, 20'000'000);
+  constexpr std::uint64_t kMinWaitNs = 1'000'000, kMaxWaitNs = 20'000'000;
+  const std::uint64_t bound =  // no fence yet: nothing known, the longest wait
+      last == UINT64_MAX ? kMaxWaitNs : std::clamp<std::uint64_t>(4 * last, kMinWaitNs, kMaxWaitNs);
   reclaimer_.kick();
   const std::uint64_t start = monotonic_ns();
-  while (completed_epoch_.load(std::memory_order_acquire) < target &&
+  while (completed_epoch_.load(std::memory_order_acquire) < epoch &&
          monotonic_ns() - start < bound) {
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }

@@ -358,8 +358,10 @@ TEST(Pool, PendingAboveA64thIsFencedBeforeFreshMemory) {
 TEST(Pool, StreamOrderedMissWaitsForPendingMemoryInsteadOfGrowing) {
   enum class Device { finishes, never_finishes, rule_off };
   for (Device mode : {Device::finishes, Device::never_finishes, Device::rule_off}) {
-    SimOptions slow_fences;  // 2 ms fences: the device looks busy, so no fence under the lock
-    slow_fences.call_ns[static_cast<std::size_t>(SimOp::synchronize)] = 2'000'000;
+    // 10 ms fences: the device looks busy, so no fence under the lock, and the wait's bound is
+    // its longest (20 ms), well past the device's finishing below.
+    SimOptions slow_fences;
+    slow_fences.call_ns[static_cast<std::size_t>(SimOp::synchronize)] = 10'000'000;
     TestDevice dev = make_test_device(slow_fences);
     if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
     Config c;
@@ -379,7 +381,7 @@ TEST(Pool, StreamOrderedMissWaitsForPendingMemoryInsteadOfGrowing) {
     std::thread device;
     if (mode == Device::finishes) {
       device = std::thread([&] {
-        std::this_thread::sleep_for(std::chrono::milliseconds(3));
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
         released = true;
         dev.sim->hold_device(false);
       });
