@@ -127,7 +127,7 @@ Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
   // pool serves, so that its free needs no device lock either.
   Arena* owner = config_.large_cache != 0 && rounded >= size ? &arena_for_thread() : nullptr;
   Status status = Status::ok;
-  bool may_wait = stream != kAnyStream && config_.stream_miss_fence;
+  bool may_wait = stream != kAnyStream && config_.stream_miss_fence && may_wait_for_fence();
   for (int attempt = 0; attempt < 2; ++attempt) {
     std::uint64_t wait = 0;  // the epoch to wait for, if the device path asks
     {

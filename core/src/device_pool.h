@@ -2,6 +2,8 @@
 // (large_heap.h). See device_pool.cpp for the design.
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <memory_resource>
@@ -114,9 +116,13 @@ class DevicePool final {
   bool fence_pass() noexcept;    // reclaimer thread entry: unlocked
   void fence_locked() noexcept;  // slow path: fence with the lock held
   void promote(std::uint64_t epoch) noexcept;
-  // No lock held: waits, for a bounded time, until a completed fence covers `epoch`, then
-  // promotes what the fences covered.
+  // No lock held: waits, for kMaxFenceWait at most, until a completed fence covers `epoch`,
+  // then promotes what the fences covered.
   void wait_for_reclaimer(std::uint64_t epoch) noexcept;
+  // False from a wait that ran out until its fence completes: no allocation waits meanwhile.
+  bool may_wait_for_fence() const noexcept;
+  void note_fence_completed(std::uint64_t epoch) noexcept;  // any lock: wakes the waiters
+  static constexpr std::chrono::milliseconds kMaxFenceWait{200};
   std::size_t trim_locked(std::size_t keep, Outcome* outcome) noexcept;
   std::size_t release_one_locked(std::size_t wanted) noexcept;
   bool release_wanted_locked() const noexcept;  // idle cached memory above release_threshold
@@ -224,6 +230,11 @@ class DevicePool final {
   // anyone. Read without the device lock by the arenas (their parked blocks).
   std::atomic<std::uint64_t> completed_epoch_{0};
   std::atomic<std::uint64_t> last_fence_ns_{UINT64_MAX};  // how long the last fence waited
+  // Allocations waiting for a fence (wait_for_reclaimer) sleep on fence_cv_; fence_wait_mu_ is
+  // taken by nothing else (a leaf, below every other lock).
+  std::mutex fence_wait_mu_;
+  std::condition_variable fence_cv_;
+  std::atomic<std::uint64_t> waits_given_up_until_{0};  // the epoch of a wait that ran out
   std::vector<std::unique_ptr<Arena>> arenas_;
   DeviceStats stats_;  // its peak_allocated is unused: peak_allocated_ below
   // Handles lent out (handle_lending.cpp), with their sizes; guarded by mu_. A node-based map:

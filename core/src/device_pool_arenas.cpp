@@ -343,7 +343,7 @@ void DevicePool::release_arena_chunks(bool drop_stream_caches) noexcept {
     std::lock_guard lock(mu_);
     target = epoch_.fetch_add(1);
     if (backend_.synchronize(device_) != Status::ok) return;
-    atomic_max(completed_epoch_, target);
+    note_fence_completed(target);
     promote(target);
   }
   for (auto& a : arenas_) {

@@ -56,9 +56,9 @@ struct Config {
   bool background_reclaim = true;  // reclaim:thread|inline
   // A stream-ordered allocation (cudaMallocAsync) that would take fresh memory while much freed
   // memory still waits for its fence waits for the reclaimer's fence first (without the locks,
-  // 1-20 ms at most), as a cudaMalloc does. On the H200 under PyTorch's cudaMallocAsync backend
-  // an unbounded first form held HF Llama training at 13.5 GB (1.02x of live bytes) against
-  // 15.0-16.0 GB off.
+  // 200 ms at most, and not again until a fence that ran out completes), as a cudaMalloc does.
+  // On the H200 under PyTorch's cudaMallocAsync backend it holds HF Llama training at
+  // 13.51-13.56 GB (1.02x of live bytes) against 15.0-16.0 GB off (a 1-20 ms bound: 13.45-14.64).
   bool stream_miss_fence = true;  // stream_miss_fence:on|off
   // Large blocks freed on a stream (cudaFreeAsync) are kept, up to this many bytes (and 32
   // blocks) per thread arena, for the same stream to reuse without the device lock. 0 = off, the
