@@ -22,8 +22,8 @@
 //     make up the request, not whenever the device has free memory;
 //   - cuMemSetAccess runs once per backed gap, not per handle;
 //   - fresh memory for one gap comes in handles of max(min_handle, gap / max_fresh_handles),
-//     none larger than max_handle (20 MiB by default, expandable segments' page) or 1/1024 of the
-//     device; max_fresh_handles is 1 by default, so fresh gaps come in 20 MiB handles. The
+//     none larger than max_handle (10 MiB by default, half expandable segments' page) or 1/1024
+//     of the device; max_fresh_handles is 1 by default, so fresh gaps come in 10 MiB handles. The
 //     trade-off: on an H200 a handle costs ~12 us to create, ~1-2 us to map and ~27-32 us of
 //     cuMemSetAccess whatever its size (one call over a range costs what one call per handle
 //     does; ../docs/address-space.md), and more while kernels run; handle count was the speed
@@ -34,10 +34,15 @@
 //     demand on the recorded traces, 20 MiB handles 1.022-1.116x; without the 20 MiB cap
 //     (2 GiB gaps got 32 MiB handles) hf_llama_train needed a 13.19 GiB device (12.62 with it;
 //     expandable segments 12.69), and 20 MiB handles on a 1.90 GiB device failed a request that
-//     fit (hence the 1/1024 cap);
+//     fit (hence the 1/1024 cap). 10 MiB rather than 20: on the H200 (three and two interleaved
+//     rounds) GPT training held 19.60-19.65 GB against 19.88-20.10 with 20 MiB (expandable
+//     segments 19.92) and HF Llama 13.45-13.49 against 13.51-13.54, at tokens/s within the
+//     runs' spread of both; in replay gpt_seqlen_b5 1.025x -> 1.011x of demand and its smallest
+//     device 18.44 -> 18.25 GiB (expandable segments 18.38), for 1.7x the driver time (67 -> 114
+//     ms, paid while the pool grows). 4-6 MiB held 1.007-1.010x for 2.6-3.8x;
 //   - and none larger than 1/handle_share (128) of what the heap will hold, with at most 16 per
-//     gap: a program holding 700 MiB gets handles of 2-6 MiB, one holding 2.5 GiB or more gets
-//     20 MiB ones. What live blocks pin is then a small share of the heap at every size, and the
+//     gap: a program holding 700 MiB gets handles of 2-6 MiB, one holding 1.25 GiB or more gets
+//     10 MiB ones. What live blocks pin is then a small share of the heap at every size, and the
 //     driver calls a large program makes barely change (the handles it creates while small are
 //     few). In replay this took the small traces (0.7-1.9 GiB) from 1.044-1.116x of demand to
 //     1.013-1.052x, the training traces stayed at 1.021x, for 15-25% more driver time
@@ -54,7 +59,7 @@
 //
 // Alternatives measured (docs/address-space.md): the previous per-allocation views with stitching
 // by aliasing; fixed 20 MiB pages as expandable segments use (every fresh 1 GiB then costs 52
-// handles, ~2 ms on an H200); and different max_handle values in replay.
+// handles, ~2 ms on an H200); and different max_handle values in replay and on the GPU.
 #include "large_heap.h"
 
 #include <algorithm>
@@ -96,7 +101,7 @@ LargeHeap::LargeHeap(Backend& backend, int device, const Options& options) noexc
 Status LargeHeap::init(std::size_t device_total) noexcept {
   // Handles of at most 1/1024 of the device: what a live block can pin in the handles it
   // touches stays a small part of the device, whatever its size. On an H200 (141 GB) that is
-  // above the 20 MiB cap; on a 2 GiB device it is 2 MiB handles (in replay of
+  // above the 10 MiB cap; on a 2 GiB device it is 2 MiB handles (in replay of
   // transformer_dynseq at 1.90 GiB, 20 MiB handles pinned enough to fail a request that fit).
   const std::size_t g = options_.granularity;
   device_handle_cap_ = std::max(g, device_total / 1024 / g * g);

@@ -96,10 +96,10 @@ TEST(Config, HandleSizeKeys) {
   EXPECT_EQ(r.config.fresh_handles, 0u);
   EXPECT_EQ(r.config.max_handle, 64 * MiB);
   EXPECT_EQ(parse_config("max_handle_mb:0").config.max_handle, 0u) << "0: no limit";
-  EXPECT_EQ(Config{}.max_handle, 20 * MiB);
+  EXPECT_EQ(Config{}.max_handle, 10 * MiB);
   auto bad = parse_config("max_handle_mb:1,fresh_handles:70000");
   EXPECT_EQ(bad.errors.size(), 2u);
-  EXPECT_EQ(bad.config.max_handle, 20 * MiB) << "a rejected value leaves the default";
+  EXPECT_EQ(bad.config.max_handle, 10 * MiB) << "a rejected value leaves the default";
 }
 
 TEST(Config, ProgramVmmServesByDefaultAndCanOnlyCount) {

@@ -62,16 +62,18 @@ TEST(Pool, SmallAllocationsHoldTheirBytesAndDoNotOverlap) {
   EXPECT_EQ(pool.stats(0).live_blocks, 0u);
 }
 
-// A fresh block costs at most 64 handles (each a create and a map) and one cuMemSetAccess, and
-// reserves the request rounded to the granularity, nothing more.
-TEST(Pool, FreshLargeAllocationIsAtMost64HandlesAndOneSetAccess) {
+// A fresh block costs handles of max_handle_mb (each a create and a map), no more of them than
+// that size needs, and one cuMemSetAccess, and reserves the request rounded to the granularity,
+// nothing more.
+TEST(Pool, FreshLargeAllocationIsFewHandlesAndOneSetAccess) {
   TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend's call counters";
   Pool pool(*dev.backend, inline_config());
   const auto reserves = dev.sim->calls(SimOp::reserve);  // the address spaces, at construction
   DevPtr p = 0;
   ASSERT_EQ(pool.allocate(0, 1 * GiB + 5, kAnyStream, &p), Status::ok);
-  EXPECT_LE(dev.sim->calls(SimOp::create), 64u);
+  const std::size_t max_handle = Config{}.max_handle;
+  EXPECT_LE(dev.sim->calls(SimOp::create), (1 * GiB + 2 * MiB + max_handle - 1) / max_handle);
   EXPECT_EQ(dev.sim->calls(SimOp::map), dev.sim->calls(SimOp::create));
   EXPECT_EQ(dev.sim->calls(SimOp::set_access), 1u);
   EXPECT_EQ(dev.sim->calls(SimOp::reserve), reserves) << "a fresh block reserves no address space";
@@ -84,7 +86,7 @@ TEST(Pool, FreshLargeAllocationIsAtMost64HandlesAndOneSetAccess) {
 }
 
 // A live block pins the free rest of every handle it touches, so fresh memory never comes in
-// handles above max_handle_mb (20 MiB by default), however large the request; without the cap
+// handles above max_handle_mb (10 MiB by default), however large the request; without the cap
 // a gap is at most fresh_handles (1) handles.
 TEST(Pool, FreshHandlesAreAtMostMaxHandleMb) {
   // A device large enough that its own cap (1/1024 of it, below) is above every case's.
@@ -96,7 +98,7 @@ TEST(Pool, FreshHandlesAreAtMostMaxHandleMb) {
   };
   // handle_share (the next test) is off where it would make the handles smaller than the case
   // is about.
-  for (Case c : {Case{"", 103}, Case{"max_handle_mb:0,handle_share:0", 2},
+  for (Case c : {Case{"", 205}, Case{"max_handle_mb:0,handle_share:0", 2},
                  Case{"max_handle_mb:256,handle_share:0", 8}, Case{"max_handle_mb:16", 128},
                  Case{"fresh_handles:16,max_handle_mb:0", 16}}) {
     ConfigResult r = parse_config(c.conf, inline_config());
@@ -129,8 +131,8 @@ TEST(Pool, SmallHeapsGetSmallHandles) {
   };
   DevPtr a = 0, b = 0, c = 0;
   ASSERT_EQ(creates_for(32 * MiB, &a), 16u) << "an empty heap: 16 handles of 2 MiB";
-  EXPECT_EQ(creates_for(4 * GiB, &b), 205u) << "20 MiB handles (max_handle_mb)";
-  EXPECT_EQ(creates_for(100 * MiB, &c), 5u) << "a large heap: 20 MiB handles";
+  EXPECT_EQ(creates_for(4 * GiB, &b), 410u) << "10 MiB handles (max_handle_mb)";
+  EXPECT_EQ(creates_for(100 * MiB, &c), 10u) << "a large heap: 10 MiB handles";
   for (DevPtr p : {a, b, c}) {
     stamp(dev, p, 32 * MiB, p);
     EXPECT_TRUE(check(dev, p, 32 * MiB, p));
@@ -148,7 +150,7 @@ TEST(Pool, WithoutHandleShareASmallHeapsRangeIsOneHandle) {
   const auto before = dev.sim->calls(SimOp::create);
   DevPtr d = 0;
   ASSERT_EQ(pool.allocate(0, 32 * MiB, kAnyStream, &d), Status::ok);
-  EXPECT_EQ(dev.sim->calls(SimOp::create) - before, 2u) << "20 + 12 MiB";
+  EXPECT_EQ(dev.sim->calls(SimOp::create) - before, 4u) << "10 + 10 + 10 + 2 MiB";
   ASSERT_EQ(pool.deallocate(d), Status::ok);
 }
 
@@ -539,6 +541,7 @@ TEST_P(SeedsScenario, TwoGiBFitsInScatteredHolesByMovingOrByReleasingTheCache) {
   if (dev.sim == nullptr) GTEST_SKIP() << "needs a 40 GiB simulated device";
   Config c = inline_config();
   c.stitching = stitching;
+  c.max_handle = 20 * MiB;  // the holes below each hold at most one whole idle handle
   Pool pool(*dev.backend, c);
   // 20 segments of 2 GiB, freed to the cache, then cut into tensors (like a caching allocator's
   // segments being split).

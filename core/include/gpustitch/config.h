@@ -36,18 +36,21 @@ struct Config {
   // of segment_mb, or of 1/fresh_handles of the range it backs when that is larger (0: no limit),
   // but none larger than max_handle_mb (0: no limit), as expandable segments' 20 MiB pages: a
   // live block pins the free rest of every handle it touches.
-  // The default, 1: fresh memory comes in handles of max_handle_mb (20 MiB, expandable segments'
-  // page), the last one smaller. On the H200 (tools/gpu/memory_compare.sh, three rounds) that ran
-  // GPT and HF Llama training 9% and 15% faster than expandable segments, where 4 handles per
-  // range ran 2% slower and 64 (the old default) 2-20% slower, for 0.2-1% less memory than 1.
-  // In replay, 64 handles spent 5-8x expandable segments' time in driver calls.
+  // The default, 1: fresh memory comes in handles of max_handle_mb (10 MiB), the last one
+  // smaller. On the H200 (tools/gpu/memory_compare.sh, three rounds) 20 MiB handles (expandable
+  // segments' page) ran GPT and HF Llama training 9% and 15% faster than expandable segments,
+  // where 4 handles per range ran 2% slower and 64 (the old default) 2-20% slower, for 0.2-1%
+  // less memory than 1. 10 MiB handles then held GPT at 19.60-19.65 GB against 19.88-20.10 with
+  // 20 MiB (expandable segments 19.92), HF Llama at 13.45-13.49 against 13.51-13.54, at tokens/s
+  // within the runs' spread (large_heap.cpp). In replay, 64 handles spent 5-8x expandable
+  // segments' time in driver calls, 10 MiB handles 2.8x on the training traces.
   std::size_t segment_size = 2 * MiB;  // segment_mb
   unsigned fresh_handles = 1;          // fresh_handles
-  std::size_t max_handle = 20 * MiB;   // max_handle_mb
+  std::size_t max_handle = 10 * MiB;   // max_handle_mb
   // Nor larger than 1/handle_share of the physical memory the large heap will hold (0: no such
   // bound), with at most 16 per fresh range: a small program's handles are small, so what its
   // live blocks pin stays a small share of what it holds, while a large one's reach max_handle_mb
-  // (at 2.5 GiB held). In replay (--whole-handles, 140 GiB) 128 took the small traces from
+  // (at 1.25 GiB held). In replay (--whole-handles, 140 GiB) 128 took the small traces from
   // 1.044-1.116x of demand to 1.013-1.052x, for 15-25% more driver time on the training traces
   // (large_heap.cpp).
   unsigned handle_share = 128;  // handle_share
