@@ -215,10 +215,7 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
   // best fit then sees every freed block, merged with its neighbours. Fenced only after a miss,
   // the training traces replayed to 1-4% more reserved memory and more misses, as requests went
   // to other free blocks while the best one waited.
-  if (!grow && stream == kAnyStream && fq_head_ != nullptr &&
-      fence_is_cheap(last_fence_ns_.load(std::memory_order_relaxed))) {
-    fence_locked();
-  }
+  if (!grow && stream == kAnyStream) fence_locked_if_cheap();
   if (cached()) return Status::ok;
   // The three steps below fence rather than grow. A request that comes to grow
   // (grow_rather_than_fence) skips them, and fences only if the device has no memory left.
@@ -226,10 +223,7 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
     // Memory waiting for its fence: fence here instead of taking more memory if that is cheap,
     // i.e. the last fence found the device idle (a tight allocate/free loop with cudaFree
     // semantics), or if the pool fences only on demand. A busy device is left to the reclaimer.
-    if (fq_head_ != nullptr && fence_is_cheap(last_fence_ns_.load(std::memory_order_relaxed))) {
-      fence_locked();
-      if (cached()) return Status::ok;
-    }
+    if (fence_locked_if_cheap() && cached()) return Status::ok;
     // Much memory waiting for its fence (the program runs ahead of the device, freeing as it goes):
     // wait for the device rather than grow the pool by what is about to come back anyway.
     // Stream-ordered allocations (cudaMallocAsync) never make the host wait.
@@ -242,10 +236,8 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
     // the heap maps anything, they join the fence queue (and, on an idle device, come back
     // fenced), so that they merge with their neighbours and their handles can move.
     if (owner != nullptr && stream == kAnyStream && owner->large.parked_count() != 0 &&
-        unpark_to_device(*owner, kAnyStream, 0) != 0 &&
-        fence_is_cheap(last_fence_ns_.load(std::memory_order_relaxed))) {
-      fence_locked();
-      if (cached()) return Status::ok;
+        unpark_to_device(*owner, kAnyStream, 0) != 0 && fence_locked_if_cheap() && cached()) {
+      return Status::ok;
     }
   }
   // Before fresh memory is taken for a cudaMalloc, memory waiting for its fence that could

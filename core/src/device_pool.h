@@ -115,6 +115,9 @@ class DevicePool final {
   bool arenas_pending() const noexcept;
   bool fence_pass() noexcept;    // reclaimer thread entry: unlocked
   void fence_locked() noexcept;  // slow path: fence with the lock held
+  // Fences with the lock held if memory waits for a fence and the last fence found the device
+  // idle (fence_is_cheap); returns whether it fenced.
+  bool fence_locked_if_cheap() noexcept;
   void promote(std::uint64_t epoch) noexcept;
   // No lock held: waits, for kMaxFenceWait at most, until a completed fence covers `epoch`,
   // then promotes what the fences covered.

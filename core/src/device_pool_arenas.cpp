@@ -393,9 +393,7 @@ Status DevicePool::allocate_chunk(std::size_t size, Block** out, Outcome* outcom
     // back a larger one costs its release and a later create if the large heap misses again,
     // which then holds no more than it would have.
     // Memory waiting for its fence is fenced first when that is cheap, so that it can be idle.
-    if (fq_head_ != nullptr && fence_is_cheap(last_fence_ns_.load(std::memory_order_relaxed))) {
-      fence_locked();
-    }
+    fence_locked_if_cheap();
     if (heap_.idle_bound() >= size) heap_.release_one(size);
     LargeHeap::Growth g;
     const Status s = chunks_.grow(size, fresh_allowance(), out, &g);

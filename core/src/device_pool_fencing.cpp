@@ -40,6 +40,14 @@ void DevicePool::fence_locked() noexcept {
   last_fence_ns_.store(monotonic_ns() - start, std::memory_order_relaxed);
 }
 
+bool DevicePool::fence_locked_if_cheap() noexcept {
+  if (fq_head_ == nullptr || !fence_is_cheap(last_fence_ns_.load(std::memory_order_relaxed))) {
+    return false;
+  }
+  fence_locked();
+  return true;
+}
+
 void DevicePool::note_fence_completed(std::uint64_t epoch) noexcept {
   atomic_max(completed_epoch_, epoch);
   // The waiters' mutex is taken so that a waiter between its check and its sleep cannot miss
