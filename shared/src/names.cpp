@@ -22,9 +22,10 @@ bool parse_decimal(std::string_view text, T* out) {
   return ec == std::errc{} && p == text.data() + text.size();
 }
 
-// Reads a small /proc file into buf (NUL-terminated); returns the byte count or -1.
-ssize_t read_small_file(const char* path, char* buf, std::size_t cap) {
-  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+// Reads a small /proc file into buf (NUL-terminated); returns the byte count or -1. A relative
+// path is opened relative to dir.
+ssize_t read_small_file(const char* path, char* buf, std::size_t cap, int dir = AT_FDCWD) {
+  int fd = ::openat(dir, path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return -1;
   std::size_t n = 0;
   while (n + 1 < cap) {
@@ -99,13 +100,21 @@ std::vector<RecordName> discover_records(std::string_view prefix, std::optional<
 }
 
 std::optional<std::uint64_t> process_start_time(pid_t pid) {
+  // "self/stat" or "PID/stat" opened through a descriptor of /proc: the same file as the absolute
+  // path. Why not the absolute path: qemu-user (the aarch64 tests) answers absolute paths naming
+  // its own process (/proc/self/stat, /proc/<its pid>/stat) with a file of its own making, whose
+  // start time is not the one the kernel gives every other process reading /proc/<pid>/stat, and
+  // a record's start time must be the one its readers see.
   char path[64];
   if (pid == 0)
-    std::snprintf(path, sizeof path, "/proc/self/stat");
+    std::snprintf(path, sizeof path, "self/stat");
   else
-    std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+    std::snprintf(path, sizeof path, "%d/stat", static_cast<int>(pid));
+  const int proc = ::open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (proc < 0) return std::nullopt;
   char buf[1024];
-  ssize_t n = read_small_file(path, buf, sizeof buf);
+  ssize_t n = read_small_file(path, buf, sizeof buf, proc);
+  ::close(proc);
   if (n <= 0) return std::nullopt;
   // comm (field 2) may contain spaces and parentheses: fields resume after the last ')'.
   const char* close = std::strrchr(buf, ')');

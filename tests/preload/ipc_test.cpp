@@ -20,6 +20,7 @@
 #include "cuda_decls.h"
 #include "ipc_protocol.h"
 #include "shim_api.h"
+#include "subprocess.h"
 
 extern char** environ;
 
@@ -59,6 +60,12 @@ class Peer {
     std::vector<char*> envp;
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
+    // Through the emulator when this test runs under one (a cross build): it cannot exec a
+    // foreign binary itself.
+    std::vector<std::string> args = subprocess::emulated({PEER_PATH});
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
     pid_ = fork();
     if (pid_ == 0) {
       dup2(in[0], 0);
@@ -66,8 +73,7 @@ class Peer {
       close(in[1]);
       close(out[0]);
       if (as_uid != 0 && (setgid(as_uid) != 0 || setuid(as_uid) != 0)) _exit(126);
-      char* argv[] = {const_cast<char*>(PEER_PATH), nullptr};
-      execve(PEER_PATH, argv, envp.data());
+      execve(argv[0], argv.data(), envp.data());
       _exit(127);
     }
     close(in[0]);

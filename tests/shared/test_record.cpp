@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <thread>
 
@@ -103,6 +104,26 @@ TEST(RecordName, LivenessNeedsPidStartTimeAndOwner) {
   ::waitpid(child, nullptr, 0);
   RecordName dead{"x", ::geteuid(), child, start.value_or(1)};
   EXPECT_FALSE(record_process_alive(dead));
+}
+
+// The start time a process puts in its own record name, from whichever of its threads, is the
+// one every other process reads for it: a reader (the daemon, the CLI, a cooperating peer) takes
+// a mismatch for a dead process. (qemu-user, which runs the aarch64 tests, answers a process's
+// own /proc/self/stat with a start time of its own: the calling thread's, at best a tick off.)
+TEST(RecordName, AnotherProcessSeesTheWritersStartTime) {
+  RecordName self;
+  std::thread named_later([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    self = RecordWriter::self_name("x");
+  });
+  named_later.join();
+  pid_t child = ::fork();
+  if (child == 0) ::_exit(record_process_alive(self) ? 0 : 1);
+  ASSERT_GT(child, 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "another process found start time " << self.start_time << " wrong";
 }
 
 TEST(Record, CreatedPrivateAndReadable) {
