@@ -29,20 +29,6 @@ CUresult forward(Hook h, Args... args) {
   return fn ? fn(args...) : CUDA_ERROR_NOT_INITIALIZED;
 }
 
-// The driver's codes for what the pool did; -1: forward instead.
-int driver_result(pl::Served served, CUdeviceptr* dptr, DevPtr out) {
-  switch (served) {
-    case pl::Served::ok:
-      *dptr = out;
-      return CUDA_SUCCESS;
-    case pl::Served::out_of_memory:
-      return CUDA_ERROR_OUT_OF_MEMORY;
-    case pl::Served::not_served:
-      break;
-  }
-  return -1;
-}
-
 // Serves a cudaMalloc-semantics allocation (any stream may use it) on the current device.
 // Returns -1 when the call must be forwarded instead.
 int serve_sync_alloc(Pool* pool, CUdeviceptr* dptr, std::size_t size) {
@@ -51,7 +37,7 @@ int serve_sync_alloc(Pool* pool, CUdeviceptr* dptr, std::size_t size) {
   DevPtr out = 0;
   // -1: the pool cannot serve this device, the driver can.
   const pl::Served served = pl::serve_allocation(*pool, device, size, kAnyStream, &out);
-  return driver_result(served, dptr, out);
+  return pl::driver_result(served, dptr, out);
 }
 
 CUresult alloc_async(CUdeviceptr* dptr, std::size_t size, CUstream stream, bool per_thread) {
@@ -67,7 +53,7 @@ CUresult alloc_async(CUdeviceptr* dptr, std::size_t size, CUstream stream, bool 
   DevPtr out = 0;
   const pl::Served served =
       pl::serve_allocation(*pool, device, size, pl::stream_key(stream, per_thread), &out);
-  const int r = driver_result(served, dptr, out);
+  const int r = pl::driver_result(served, dptr, out);
   if (r >= 0) return static_cast<CUresult>(r);
   pl::note_passthrough();
   return forward<PFN_cuMemAllocAsync>(h, dptr, size, stream);
