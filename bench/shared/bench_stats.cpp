@@ -77,7 +77,7 @@ void BM_PoolAllocFree(benchmark::State& state) {
   std::unique_ptr<shm::StatsPublisher> pub;
   if (state.range(0)) {
     pub = std::make_unique<shm::StatsPublisher>(
-        pool, c, shm::PublisherOptions{"gsbench" + std::to_string(::getpid())});
+        pool, c, shm::PublisherOptions{.prefix = "gsbench" + std::to_string(::getpid())});
     forward.target = pub.get();
   }
   for (auto _ : state) {

@@ -67,24 +67,25 @@ class UniqueFd {
   int fd_ = -1;
 };
 
+// Members default to empty, so that TrackedProcess{reader} names only the reader.
 struct TrackedProcess {
   shm::RecordReader reader;
   // pidfd of the process (pidfd_open), taken before its start time was checked, so it refers to
   // the record's writer and not to a later process with the same pid. Exit = readable. -1 when
   // the kernel lacks pidfds: liveness then falls back to /proc on every pass.
-  UniqueFd pidfd;
-  shm::SnapshotCopy snapshot;
+  UniqueFd pidfd = {};
+  shm::SnapshotCopy snapshot = {};
   bool have_snapshot = false;
   std::uint64_t event_head = 0;
-  std::vector<shm::EventCopy> events;
+  std::vector<shm::EventCopy> events = {};
   std::uint64_t events_dropped = 0;
-  std::vector<History> history;  // per device
-  std::string user;
+  std::vector<History> history = {};  // per device
+  std::string user = {};
   std::uint64_t first_seen_ns = 0;
   std::uint64_t last_sample_ns = 0;
-  unsigned busy_passes = 0;          // consecutive passes without a consistent snapshot
-  bool devices_logged = false;       // "claims more devices than the node has" was logged
-  std::optional<KubeIdentity> kube;  // its pod and container, from its cgroup (kube_cgroup.h)
+  unsigned busy_passes = 0;               // consecutive passes without a consistent snapshot
+  bool devices_logged = false;            // "claims more devices than the node has" was logged
+  std::optional<KubeIdentity> kube = {};  // its pod and container, from its cgroup (kube_cgroup.h)
 
   const shm::RecordName& name() const { return reader.name(); }
 };

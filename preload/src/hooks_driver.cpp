@@ -6,11 +6,10 @@
 //
 // Under the passthrough guard (a runtime call the shim already forwarded) every hook forwards at
 // once: the runtime's internal driver calls belong to an allocation the shim decided not to serve.
-#include <atomic>
 #include <cstring>
 
 #include "hooks.h"
-#include "ipc.h"
+#include "ipc_hooks.h"
 #include "program_memory.h"
 #include "real_api.h"
 #include "shim.h"
@@ -29,20 +28,6 @@ CUresult forward(Hook h, Args... args) {
   return fn ? fn(args...) : CUDA_ERROR_NOT_INITIALIZED;
 }
 
-// The driver's codes for what the pool did; -1: forward instead.
-int driver_result(pl::Served served, CUdeviceptr* dptr, DevPtr out) {
-  switch (served) {
-    case pl::Served::ok:
-      *dptr = out;
-      return CUDA_SUCCESS;
-    case pl::Served::out_of_memory:
-      return CUDA_ERROR_OUT_OF_MEMORY;
-    case pl::Served::not_served:
-      break;
-  }
-  return -1;
-}
-
 // Serves a cudaMalloc-semantics allocation (any stream may use it) on the current device.
 // Returns -1 when the call must be forwarded instead.
 int serve_sync_alloc(Pool* pool, CUdeviceptr* dptr, std::size_t size) {
@@ -51,7 +36,7 @@ int serve_sync_alloc(Pool* pool, CUdeviceptr* dptr, std::size_t size) {
   DevPtr out = 0;
   // -1: the pool cannot serve this device, the driver can.
   const pl::Served served = pl::serve_allocation(*pool, device, size, kAnyStream, &out);
-  return driver_result(served, dptr, out);
+  return pl::driver_result(served, dptr, out);
 }
 
 CUresult alloc_async(CUdeviceptr* dptr, std::size_t size, CUstream stream, bool per_thread) {
@@ -67,7 +52,7 @@ CUresult alloc_async(CUdeviceptr* dptr, std::size_t size, CUstream stream, bool 
   DevPtr out = 0;
   const pl::Served served =
       pl::serve_allocation(*pool, device, size, pl::stream_key(stream, per_thread), &out);
-  const int r = driver_result(served, dptr, out);
+  const int r = pl::driver_result(served, dptr, out);
   if (r >= 0) return static_cast<CUresult>(r);
   pl::note_passthrough();
   return forward<PFN_cuMemAllocAsync>(h, dptr, size, stream);
@@ -249,49 +234,31 @@ __attribute__((visibility("default"))) CUresult cuPointerGetAttributes(unsigned 
   return CUDA_SUCCESS;
 }
 
-// CUDA IPC (ipc.h), as in hooks_runtime.cpp.
+// CUDA IPC (ipc_hooks.h): the driver's codes for the shared answer.
 __attribute__((visibility("default"))) CUresult cuIpcGetMemHandle(void* handle, CUdeviceptr dptr) {
-  Pool* pool = pl::existing_pool();
-  if (pool && handle && dptr && pool->find(dptr)) {
-    if (pl::ipc_native()) {
-      static std::atomic<bool> warned{false};
-      if (!warned.exchange(true)) {
-        pl::log().error(
-            "cuIpcGetMemHandle on pool memory with ipc:native: only cudaMalloc/cuMemAlloc "
-            "allocations stay native and can be shared; this one came from the pool");
-      }
-      return CUDA_ERROR_NOT_SUPPORTED;
-    }
-    const Status s = pl::ipc::export_block(*pool, dptr, handle);
-    return pl::to_curesult(s);
-  }
+  const pl::ipc::HookAnswer a = pl::ipc::get_mem_handle(pl::ipc::Api::driver, handle, dptr);
+  if (a.kind == pl::ipc::HookAnswer::Kind::answered) return pl::to_curesult(a.status);
   return forward<PFN_cuIpcGetMemHandle>(Hook::cuIpcGetMemHandle, handle, dptr);
 }
 
 __attribute__((visibility("default"))) CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* dptr,
                                                                       IpcMemHandle handle,
                                                                       unsigned flags) {
-  if (pl::ipc::is_pool_handle(&handle)) {
-    Pool* pool = pl::serving_pool();
-    int device = 0;
-    if (!dptr) return CUDA_ERROR_INVALID_VALUE;
-    if (pool) {
-      if (!pl::driver_current_device(&device)) return CUDA_ERROR_INVALID_CONTEXT;
-      DevPtr out = 0;
-      const Status s = pl::ipc::open_handle(*pool, &handle, device, &out);
-      if (s == Status::ok) *dptr = out;
-      return pl::to_curesult(s);
-    }
+  const pl::ipc::HookAnswer a = pl::ipc::open_mem_handle(pl::ipc::Api::driver, &handle, dptr);
+  switch (a.kind) {
+    case pl::ipc::HookAnswer::Kind::answered:
+      return pl::to_curesult(a.status);
+    case pl::ipc::HookAnswer::Kind::no_context:
+      return CUDA_ERROR_INVALID_CONTEXT;
+    case pl::ipc::HookAnswer::Kind::forward:
+      break;
   }
   return forward<PFN_cuIpcOpenMemHandle_v2>(Hook::cuIpcOpenMemHandle_v2, dptr, handle, flags);
 }
 
 __attribute__((visibility("default"))) CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
-  Pool* pool = pl::existing_pool();
-  Status s = Status::ok;
-  if (pool && dptr && pl::ipc::close_handle(*pool, dptr, &s)) {
-    return pl::to_curesult(s);
-  }
+  const pl::ipc::HookAnswer a = pl::ipc::close_mem_handle(dptr);
+  if (a.kind == pl::ipc::HookAnswer::Kind::answered) return pl::to_curesult(a.status);
   return forward<PFN_cuIpcCloseMemHandle>(Hook::cuIpcCloseMemHandle, dptr);
 }
 

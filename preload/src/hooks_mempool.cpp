@@ -167,15 +167,10 @@ CUresult alloc_from_pool_async(CUdeviceptr* dptr, std::size_t size, CUmemoryPool
   }
   if (!pl::stream_capturing(stream, per_thread)) {
     DevPtr out = 0;
-    switch (pl::serve_allocation(*pool, d, size, pl::stream_key(stream, per_thread), &out)) {
-      case pl::Served::ok:
-        *dptr = out;
-        return CUDA_SUCCESS;
-      case pl::Served::out_of_memory:
-        return CUDA_ERROR_OUT_OF_MEMORY;
-      case pl::Served::not_served:
-        break;
-    }
+    const pl::Served served =
+        pl::serve_allocation(*pool, d, size, pl::stream_key(stream, per_thread), &out);
+    const int r = pl::driver_result(served, dptr, out);
+    if (r >= 0) return static_cast<CUresult>(r);
   }
   pl::note_passthrough();
   return forward_driver<PFN_cuMemAllocFromPoolAsync>(h, dptr, size, mem_pool, stream);

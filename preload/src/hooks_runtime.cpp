@@ -5,10 +5,8 @@
 // Every call the shim does not serve goes to the real runtime function under the passthrough
 // guard: the runtime implements it with driver calls that reach the shim's driver hooks, and those
 // must not serve the same allocation a second time.
-#include <atomic>
-
 #include "hooks.h"
-#include "ipc.h"
+#include "ipc_hooks.h"
 #include "program_memory.h"
 #include "real_api.h"
 #include "shim.h"
@@ -188,50 +186,31 @@ __attribute__((visibility("default"))) cudaError cudaDeviceEnablePeerAccess(int 
   return r;
 }
 
-// CUDA IPC (ipc.h): a pool block is exported by the shim, a pool handle opened by it; everything
-// else is the runtime's. Under ipc:native pool blocks keep their old answer (not supported): the
-// opt-out leaves cudaMalloc memory native for the runtime's own IPC.
+// CUDA IPC (ipc_hooks.h): the runtime's codes for the shared answer.
 __attribute__((visibility("default"))) cudaError cudaIpcGetMemHandle(void* handle, void* ptr) {
-  Pool* pool = pl::existing_pool();
-  if (pool && handle && ptr && pool->find(reinterpret_cast<DevPtr>(ptr))) {
-    if (pl::ipc_native()) {
-      static std::atomic<bool> warned{false};
-      if (!warned.exchange(true)) {
-        pl::log().error(
-            "cudaIpcGetMemHandle on pool memory with ipc:native: only cudaMalloc allocations stay "
-            "native and can be shared; this one came from the pool");
-      }
-      return cudaErrorNotSupported;
-    }
-    const Status s = pl::ipc::export_block(*pool, reinterpret_cast<DevPtr>(ptr), handle);
-    return pl::to_cuda_error(s);
-  }
+  const pl::ipc::HookAnswer a =
+      pl::ipc::get_mem_handle(pl::ipc::Api::runtime, handle, reinterpret_cast<DevPtr>(ptr));
+  if (a.kind == pl::ipc::HookAnswer::Kind::answered) return pl::to_cuda_error(a.status);
   return forward<PFN_cudaIpcGetMemHandle>(Hook::cudaIpcGetMemHandle, handle, ptr);
 }
 
 __attribute__((visibility("default"))) cudaError cudaIpcOpenMemHandle(void** ptr,
                                                                       IpcMemHandle handle,
                                                                       unsigned flags) {
-  if (pl::ipc::is_pool_handle(&handle)) {
-    Pool* pool = pl::serving_pool();
-    int device = 0;
-    if (!ptr) return cudaErrorInvalidValue;
-    if (pool && pl::runtime_current_device(&device)) {
-      DevPtr out = 0;
-      const Status s = pl::ipc::open_handle(*pool, &handle, device, &out);
-      if (s == Status::ok) *ptr = reinterpret_cast<void*>(out);
-      return pl::to_cuda_error(s);
-    }
+  DevPtr out = 0;
+  const pl::ipc::HookAnswer a =
+      pl::ipc::open_mem_handle(pl::ipc::Api::runtime, &handle, ptr ? &out : nullptr);
+  if (a.kind == pl::ipc::HookAnswer::Kind::answered) {
+    if (a.status == Status::ok) *ptr = reinterpret_cast<void*>(out);
+    return pl::to_cuda_error(a.status);
   }
+  // (no_context is the driver's answer only: without a device the runtime's call goes on.)
   return forward<PFN_cudaIpcOpenMemHandle>(Hook::cudaIpcOpenMemHandle, ptr, handle, flags);
 }
 
 __attribute__((visibility("default"))) cudaError cudaIpcCloseMemHandle(void* ptr) {
-  Pool* pool = pl::existing_pool();
-  Status s = Status::ok;
-  if (pool && ptr && pl::ipc::close_handle(*pool, reinterpret_cast<DevPtr>(ptr), &s)) {
-    return pl::to_cuda_error(s);
-  }
+  const pl::ipc::HookAnswer a = pl::ipc::close_mem_handle(reinterpret_cast<DevPtr>(ptr));
+  if (a.kind == pl::ipc::HookAnswer::Kind::answered) return pl::to_cuda_error(a.status);
   return forward<PFN_cudaIpcCloseMemHandle>(Hook::cudaIpcCloseMemHandle, ptr);
 }
 

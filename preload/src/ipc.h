@@ -1,6 +1,7 @@
 // CUDA IPC on pool memory, as the hooks use it (cudaIpcGetMemHandle, cudaIpcOpenMemHandle,
 // cudaIpcCloseMemHandle and their driver forms). ipc_export.cpp: the exporting side and the design;
-// ipc_import.cpp: the importing side; ipc_protocol.h: the handle and the messages.
+// ipc_import.cpp: the importing side; ipc_protocol.h: the handle and the messages; ipc_hooks.h:
+// the hooks' shared use of these.
 #pragma once
 
 #include "gpustitch/pool.h"

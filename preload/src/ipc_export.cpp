@@ -110,12 +110,6 @@ bool same_token(const std::uint8_t* a, const std::uint8_t* b) noexcept {
   return diff == 0;
 }
 
-void set_timeouts(int fd, int seconds) noexcept {
-  timeval tv{seconds, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-}
-
 bool send_all(int fd, const void* data, std::size_t n, const int* fds, std::size_t nfds) noexcept {
   iovec iov{const_cast<void*>(data), n};
   msghdr msg{};
@@ -156,7 +150,7 @@ void reply_status(int fd, ReplyStatus status) noexcept {
 
 // One importer's request: checks, pins, sends the descriptors. Returns whether fd became a lease.
 bool serve_request(Server& s, int fd) noexcept {
-  set_timeouts(fd, 2);
+  set_socket_timeouts(fd, 2);
   ucred cred{};
   socklen_t len = sizeof cred;
   if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
@@ -170,6 +164,8 @@ bool serve_request(Server& s, int fd) noexcept {
     reply_status(fd, ReplyStatus::refused);
     return false;
   }
+  // One receive, not recv_exact: a client that sends its request a little at a time must not hold
+  // the server thread for more than the one timeout.
   Request req{};
   if (recv(fd, &req, sizeof req, MSG_WAITALL) != static_cast<ssize_t>(sizeof req) ||
       req.magic != kMagic) {

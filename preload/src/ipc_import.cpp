@@ -81,18 +81,6 @@ void fork_child() noexcept {
   im.mu.unlock();
 }
 
-bool recv_exact(int fd, void* out, std::size_t n) noexcept {
-  auto* p = static_cast<char*>(out);
-  while (n > 0) {
-    ssize_t got = recv(fd, p, n, MSG_WAITALL);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return false;
-    p += got;
-    n -= static_cast<std::size_t>(got);
-  }
-  return true;
-}
-
 // One batch of piece sizes with its descriptors, appended to *fds (closed by the caller).
 bool recv_batch(int fd, PieceBatch* batch, std::vector<int>* fds) noexcept {
   iovec iov{batch, sizeof *batch};
@@ -240,9 +228,7 @@ Status open_handle(Pool& pool, const void* handle, int current_device, DevPtr* o
 
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Status::error;
-  timeval tv{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  set_socket_timeouts(fd, 10);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   const int n = socket_name(addr.sun_path + 1, sizeof addr.sun_path - 1, h.pid, h.uid);

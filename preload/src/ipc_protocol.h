@@ -15,8 +15,12 @@
 // importer closed the handle, or its process ended).
 #pragma once
 
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/types.h>
 
+#include <cerrno>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -83,6 +87,29 @@ inline int socket_name(char* out, std::size_t n, std::uint32_t pid, std::uint32_
 // permissions, so this check is what keeps other users out.)
 inline bool peer_allowed(uid_t self, uid_t peer) noexcept {
   return peer == self || peer == 0;
+}
+
+// Bounds every later send and receive on fd to seconds each, so that a peer that stops
+// answering makes the call fail instead of hanging this process.
+inline void set_socket_timeouts(int fd, int seconds) noexcept {
+  timeval tv{seconds, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+// Reads exactly n bytes from the stream socket fd into out. False on end of stream, an error, or
+// a receive timeout (set_socket_timeouts) with nothing read. A short read (a timeout or signal
+// after part of the bytes) continues with the rest, each receive bounded by the timeout again.
+inline bool recv_exact(int fd, void* out, std::size_t n) noexcept {
+  auto* p = static_cast<char*>(out);
+  while (n > 0) {
+    ssize_t got = recv(fd, p, n, MSG_WAITALL);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    p += got;
+    n -= static_cast<std::size_t>(got);
+  }
+  return true;
 }
 
 }  // namespace gpustitch::preload::ipc

@@ -104,6 +104,22 @@ Stream stream_key(cuda::CUstream stream, bool per_thread) noexcept;
 // What became of a request the pool was asked to serve; each hook turns it into its API's code.
 enum class Served { ok, out_of_memory, not_served };
 
+// The driver's code for what the pool did, with the block stored in *dptr when it was served;
+// -1: the call goes to the driver instead. (The runtime's codes: runtime_result in
+// hooks_runtime.cpp, which also sets the runtime's last error.)
+inline int driver_result(Served served, cuda::CUdeviceptr* dptr, DevPtr out) noexcept {
+  switch (served) {
+    case Served::ok:
+      *dptr = out;
+      return cuda::CUDA_SUCCESS;
+    case Served::out_of_memory:
+      return cuda::CUDA_ERROR_OUT_OF_MEMORY;
+    case Served::not_served:
+      break;
+  }
+  return -1;
+}
+
 // pool.allocate() on device into *out. An out-of-memory has been logged (one line) when this
 // returns; not_served means the pool cannot serve this device and the call goes to CUDA.
 Served serve_allocation(Pool& pool, int device, std::size_t size, Stream stream,

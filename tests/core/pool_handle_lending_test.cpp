@@ -4,6 +4,8 @@
 // calls the backend directly, as the preload library's hooks call the driver.
 #include <gtest/gtest.h>
 
+#include <memory>
+
 #include "gpustitch/pool.h"
 #include "test_device.h"
 
@@ -35,12 +37,27 @@ HandleProperties pool_properties(Backend& backend) {
   return p;
 }
 
+// Every test's start: a test device, the properties of the pool's handles on it, and a pool.
+class PoolHandleLending : public ::testing::Test {
+ protected:
+  // The pool on dev, and props read after it started (as the preload library reads them).
+  Pool& make_pool(const Config& config = inline_config()) {
+    pool_ = std::make_unique<Pool>(*dev.backend, config);
+    props = pool_properties(*dev.backend);
+    return *pool_;
+  }
+
+  TestDevice dev = make_test_device();
+  HandleProperties props;  // set by make_pool
+
+ private:
+  std::unique_ptr<Pool> pool_;  // destroyed before dev
+};
+
 }  // namespace
 
-TEST(PoolHandleLending, ReleasedHandleIsKeptAndLentAgainWithItsBytes) {
-  TestDevice dev = make_test_device();
-  Pool pool(*dev.backend, inline_config());
-  const HandleProperties props = pool_properties(*dev.backend);
+TEST_F(PoolHandleLending, ReleasedHandleIsKeptAndLentAgainWithItsBytes) {
+  Pool& pool = make_pool();
   const std::size_t size = 4 * MiB;
 
   // Nothing is idle yet: the program's first cuMemCreate goes to the driver.
@@ -94,10 +111,8 @@ TEST(PoolHandleLending, ReleasedHandleIsKeptAndLentAgainWithItsBytes) {
   ASSERT_EQ(pool.deallocate(p), Status::ok);
 }
 
-TEST(PoolHandleLending, RefusesWhatItDoesNotHoldOrCannotMatch) {
-  TestDevice dev = make_test_device();
-  Pool pool(*dev.backend, inline_config());
-  const HandleProperties props = pool_properties(*dev.backend);
+TEST_F(PoolHandleLending, RefusesWhatItDoesNotHoldOrCannotMatch) {
+  Pool& pool = make_pool();
   PhysHandle own = 0;
   ASSERT_EQ(dev.backend->create(0, 4 * MiB, &own), Status::ok);
   ASSERT_TRUE(pool.take_back_handle(0, own, 4 * MiB, props));
@@ -146,12 +161,10 @@ TEST(PoolHandleLending, RefusesWhatItDoesNotHoldOrCannotMatch) {
   EXPECT_EQ(pool.validate(0), "");
 }
 
-TEST(PoolHandleLending, CapLeavesNoRoomForMoreThanItAllows) {
-  TestDevice dev = make_test_device();
+TEST_F(PoolHandleLending, CapLeavesNoRoomForMoreThanItAllows) {
   Config config = inline_config();
   config.cap = 8 * MiB;
-  Pool pool(*dev.backend, config);
-  const HandleProperties props = pool_properties(*dev.backend);
+  Pool& pool = make_pool(config);
   DevPtr p = 0;
   ASSERT_EQ(pool.allocate(0, 6 * MiB, kAnyStream, &p), Status::ok);
   PhysHandle own = 0;
@@ -164,10 +177,8 @@ TEST(PoolHandleLending, CapLeavesNoRoomForMoreThanItAllows) {
 
 // Trim gives a taken-back handle to the driver like any other idle memory (what cooperative
 // release relies on for the program's released handles).
-TEST(PoolHandleLending, TakenBackHandlesAreReleasedByTrim) {
-  TestDevice dev = make_test_device();
-  Pool pool(*dev.backend, inline_config());
-  const HandleProperties props = pool_properties(*dev.backend);
+TEST_F(PoolHandleLending, TakenBackHandlesAreReleasedByTrim) {
+  Pool& pool = make_pool();
   PhysHandle own = 0;
   ASSERT_EQ(dev.backend->create(0, 4 * MiB, &own), Status::ok);
   ASSERT_TRUE(pool.take_back_handle(0, own, 4 * MiB, props));

@@ -342,6 +342,29 @@ TEST_F(DynamicRuntime, IpcHandleOfPoolMemoryIsTheShims) {
   EXPECT_EQ(cudaFree(p), kSuccess);
 }
 
+// What the shim answers itself when a pool handle is opened (preload/src/ipc_hooks.cpp), the
+// same in both APIs but for the missing context: a null address pointer is an invalid value, and
+// through the driver a thread without a current context gets CUDA_ERROR_INVALID_CONTEXT, none of
+// it passed to CUDA (which does not know the handle and would answer invalid value for all).
+TEST_F(DynamicRuntime, OpeningAPoolHandleBadlyGetsTheShimsAnswerInEitherApi) {
+  void* p = nullptr;
+  ASSERT_EQ(cudaMalloc(&p, 4096), kSuccess);
+  IpcHandle h{};
+  ASSERT_EQ(cudaIpcGetMemHandle(&h, p), kSuccess);
+  fakecuda_reset_calls();
+  EXPECT_EQ(cudaIpcOpenMemHandle(nullptr, h, 1), kInvalidValue);
+  EXPECT_EQ(cuIpcOpenMemHandle_v2(nullptr, h, 1), kInvalidValue);
+  int without_context = -1;
+  std::thread([&] {
+    CUdeviceptr d = 0;
+    without_context = cuIpcOpenMemHandle_v2(&d, h, 1);
+  }).join();
+  EXPECT_EQ(without_context, 201);  // CUDA_ERROR_INVALID_CONTEXT
+  EXPECT_EQ(fakecuda_calls("cuIpcOpenMemHandle_v2"), 0);
+  cudaGetLastError();
+  EXPECT_EQ(cudaFree(p), kSuccess);
+}
+
 TEST_F(DynamicRuntime, PeerAccessPassesTheDriverResultThrough) {
   EXPECT_EQ(cudaDeviceEnablePeerAccess(1, 0), kSuccess);
   EXPECT_EQ(cudaDeviceEnablePeerAccess(1, 0), 704);  // cudaErrorPeerAccessAlreadyEnabled

@@ -161,12 +161,39 @@ bool allocated_drops_to(std::uint64_t bytes) {
   return false;
 }
 
+// Every test's start: the shim preloaded, device 0 current.
+void start_on_device_0() {
+  ASSERT_TRUE(shim::preloaded()) << "run under LD_PRELOAD=libgpustitch.so (ctest does)";
+  ASSERT_EQ(cudaSetDevice(0), kSuccess);
+}
+
+// A pool block this process allocated and exported: what the importer is handed.
+struct Exported {
+  void* p = nullptr;
+  unsigned char handle[64] = {};
+};
+
+// cudaMalloc of size, filled with byte (none when negative), and its handle from
+// cudaIpcGetMemHandle, or cuIpcGetMemHandle with driver. Asserts: call under
+// ASSERT_NO_FATAL_FAILURE.
+void export_new_block(std::size_t size, int byte, Exported* e, bool driver = false) {
+  ASSERT_EQ(cudaMalloc(&e->p, size), kSuccess);
+  if (byte >= 0) std::memset(e->p, byte, size);
+  if (driver) {
+    ASSERT_EQ(cuIpcGetMemHandle(e->handle, reinterpret_cast<CUdeviceptr>(e->p)), kSuccess);
+  } else {
+    ASSERT_EQ(cudaIpcGetMemHandle(e->handle, e->p), kSuccess);
+  }
+}
+
 class Ipc : public ::testing::TestWithParam<std::size_t> {
  protected:
-  void SetUp() override {
-    ASSERT_TRUE(shim::preloaded()) << "run under LD_PRELOAD=libgpustitch.so (ctest does)";
-    ASSERT_EQ(cudaSetDevice(0), kSuccess);
-  }
+  void SetUp() override { ASSERT_NO_FATAL_FAILURE(start_on_device_0()); }
+};
+
+class IpcHandles : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_NO_FATAL_FAILURE(start_on_device_0()); }
 };
 
 // A large block and a slot of the small-object pool (its chunk is exported, with the offset).
@@ -175,56 +202,45 @@ INSTANTIATE_TEST_SUITE_P(Sizes, Ipc, ::testing::Values(std::size_t{6} * MiB, std
 
 TEST_P(Ipc, BytesWrittenByEitherProcessAreReadByTheOther) {
   const std::size_t size = GetParam();
-  void* p = nullptr;
-  ASSERT_EQ(cudaMalloc(&p, size), kSuccess);
-  ASSERT_TRUE(shim::owns(p));
-  std::memset(p, 0x5a, size);
-  unsigned char handle[64];
-  ASSERT_EQ(cudaIpcGetMemHandle(handle, p), kSuccess);
+  Exported b;
+  ASSERT_NO_FATAL_FAILURE(export_new_block(size, 0x5a, &b));
+  ASSERT_TRUE(shim::owns(b.p));
   Peer peer;
-  ASSERT_EQ(peer.open(handle), kSuccess);
+  ASSERT_EQ(peer.open(b.handle), kSuccess);
   EXPECT_TRUE(peer.check(0x5a, size));
   peer.fill(0xa5, size);
-  EXPECT_TRUE(all(p, 0xa5, size));
+  EXPECT_TRUE(all(b.p, 0xa5, size));
   EXPECT_EQ(peer.close_handle(), kSuccess);
-  EXPECT_EQ(cudaFree(p), kSuccess);
+  EXPECT_EQ(cudaFree(b.p), kSuccess);
 }
 
 TEST_P(Ipc, DriverApiOpensAndClosesToo) {
   const std::size_t size = GetParam();
-  CUdeviceptr d = 0;
-  void* p = nullptr;
-  ASSERT_EQ(cudaMalloc(&p, size), kSuccess);
-  d = reinterpret_cast<CUdeviceptr>(p);
-  std::memset(p, 0x33, size);
-  unsigned char handle[64];
-  ASSERT_EQ(cuIpcGetMemHandle(handle, d), kSuccess);
+  Exported b;
+  ASSERT_NO_FATAL_FAILURE(export_new_block(size, 0x33, &b, /*driver=*/true));
   Peer peer;
-  ASSERT_EQ(peer.open(handle, true), kSuccess);
+  ASSERT_EQ(peer.open(b.handle, true), kSuccess);
   EXPECT_TRUE(peer.check(0x33, size));
   EXPECT_EQ(peer.close_handle(true), kSuccess);
-  EXPECT_EQ(cudaFree(p), kSuccess);
+  EXPECT_EQ(cudaFree(b.p), kSuccess);
 }
 
 TEST_P(Ipc, ExporterFreesFirstAndTheMemoryWaitsForTheLastClose) {
   const std::size_t size = GetParam();
   const std::uint64_t before = shim::stats(0).bytes_allocated;
-  void* p = nullptr;
-  ASSERT_EQ(cudaMalloc(&p, size), kSuccess);
-  std::memset(p, 0x77, size);
-  unsigned char handle[64];
-  ASSERT_EQ(cudaIpcGetMemHandle(handle, p), kSuccess);
+  Exported b;
+  ASSERT_NO_FATAL_FAILURE(export_new_block(size, 0x77, &b));
   Peer peer;
-  ASSERT_EQ(peer.open(handle), kSuccess);
+  ASSERT_EQ(peer.open(b.handle), kSuccess);
   const std::uint64_t held = shim::stats(0).bytes_allocated;
-  EXPECT_EQ(cudaFree(p), kSuccess);
-  EXPECT_FALSE(shim::owns(p));  // freed, as far as the program can tell
+  EXPECT_EQ(cudaFree(b.p), kSuccess);
+  EXPECT_FALSE(shim::owns(b.p));  // freed, as far as the program can tell
   // Not reused: new allocations of the same size land elsewhere, and the importer's view keeps
   // its bytes while this process writes its new blocks.
   std::vector<void*> more(8);
   for (void*& q : more) {
     ASSERT_EQ(cudaMalloc(&q, size), kSuccess);
-    EXPECT_NE(q, p);
+    EXPECT_NE(q, b.p);
     std::memset(q, 0x11, size);
   }
   EXPECT_TRUE(peer.check(0x77, size));
@@ -232,11 +248,11 @@ TEST_P(Ipc, ExporterFreesFirstAndTheMemoryWaitsForTheLastClose) {
   EXPECT_EQ(shim::stats(0).bytes_allocated, held);  // still held for the importer
   // The block is no longer exportable or freeable here.
   unsigned char again[64];
-  EXPECT_NE(cudaIpcGetMemHandle(again, p), kSuccess);
+  EXPECT_NE(cudaIpcGetMemHandle(again, b.p), kSuccess);
   // A second process opening the withdrawn handle is refused.
   {
     Peer late;
-    EXPECT_EQ(late.open(handle), kInvalidValue);
+    EXPECT_EQ(late.open(b.handle), kInvalidValue);
   }
   EXPECT_EQ(peer.close_handle(), kSuccess);
   EXPECT_TRUE(allocated_drops_to(before)) << shim::stats(0).bytes_allocated;
@@ -245,42 +261,36 @@ TEST_P(Ipc, ExporterFreesFirstAndTheMemoryWaitsForTheLastClose) {
 TEST_P(Ipc, ImporterDeathEndsItsLease) {
   const std::size_t size = GetParam();
   const std::uint64_t before = shim::stats(0).bytes_allocated;
-  void* p = nullptr;
-  ASSERT_EQ(cudaMalloc(&p, size), kSuccess);
-  unsigned char handle[64];
-  ASSERT_EQ(cudaIpcGetMemHandle(handle, p), kSuccess);
+  Exported b;
+  ASSERT_NO_FATAL_FAILURE(export_new_block(size, -1, &b));
   {
     Peer peer;
-    ASSERT_EQ(peer.open(handle), kSuccess);
-    EXPECT_EQ(cudaFree(p), kSuccess);
+    ASSERT_EQ(peer.open(b.handle), kSuccess);
+    EXPECT_EQ(cudaFree(b.p), kSuccess);
   }  // exits without closing
   EXPECT_TRUE(allocated_drops_to(before)) << shim::stats(0).bytes_allocated;
 }
 
-TEST(IpcHandles, OpeningTwiceCountsAndClosingTooOftenIsAnError) {
-  void* p = nullptr;
-  ASSERT_EQ(cudaMalloc(&p, 2 * MiB), kSuccess);
-  unsigned char handle[64];
-  ASSERT_EQ(cudaIpcGetMemHandle(handle, p), kSuccess);
+TEST_F(IpcHandles, OpeningTwiceCountsAndClosingTooOftenIsAnError) {
+  Exported b;
+  ASSERT_NO_FATAL_FAILURE(export_new_block(2 * MiB, -1, &b));
   Peer peer;
-  ASSERT_EQ(peer.open(handle), kSuccess);
+  ASSERT_EQ(peer.open(b.handle), kSuccess);
   std::string first = peer.ask("check 0 0");
-  ASSERT_EQ(peer.open(handle), kSuccess);  // the same address, one more open
+  ASSERT_EQ(peer.open(b.handle), kSuccess);  // the same address, one more open
   EXPECT_EQ(peer.close_handle(), kSuccess);
   EXPECT_EQ(peer.close_handle(), kSuccess);
   EXPECT_EQ(peer.close_handle(), kInvalidValue);  // closed already: the driver's answer
   EXPECT_EQ(peer.close_handle(true), kInvalidValue);
-  EXPECT_EQ(cudaFree(p), kSuccess);
+  EXPECT_EQ(cudaFree(b.p), kSuccess);
 }
 
-TEST(IpcHandles, ForgedHandlesAreRejectedWithTheNativeError) {
-  void* p = nullptr;
-  ASSERT_EQ(cudaMalloc(&p, 2 * MiB), kSuccess);
-  unsigned char handle[64];
-  ASSERT_EQ(cudaIpcGetMemHandle(handle, p), kSuccess);
+TEST_F(IpcHandles, ForgedHandlesAreRejectedWithTheNativeError) {
+  Exported b;
+  ASSERT_NO_FATAL_FAILURE(export_new_block(2 * MiB, -1, &b));
   namespace ipc = gpustitch::preload::ipc;
   ipc::Handle good;
-  std::memcpy(&good, handle, sizeof good);
+  std::memcpy(&good, b.handle, sizeof good);
   Peer peer;
   ipc::Handle h = good;
   h.token[3] ^= 1;  // wrong token
@@ -295,50 +305,43 @@ TEST(IpcHandles, ForgedHandlesAreRejectedWithTheNativeError) {
   h.magic ^= 1;  // not ours: the driver's own handle, which it does not know
   EXPECT_EQ(peer.open(reinterpret_cast<unsigned char*>(&h)), kInvalidValue);
   // The real handle still works after all that.
-  EXPECT_EQ(peer.open(handle), kSuccess);
+  EXPECT_EQ(peer.open(b.handle), kSuccess);
   EXPECT_EQ(peer.close_handle(), kSuccess);
-  EXPECT_EQ(cudaFree(p), kSuccess);
+  EXPECT_EQ(cudaFree(b.p), kSuccess);
 }
 
-TEST(IpcHandles, AnImporterWithoutGpustitchGetsTheDriversError) {
-  void* p = nullptr;
-  ASSERT_EQ(cudaMalloc(&p, 2 * MiB), kSuccess);
-  unsigned char handle[64];
-  ASSERT_EQ(cudaIpcGetMemHandle(handle, p), kSuccess);
+TEST_F(IpcHandles, AnImporterWithoutGpustitchGetsTheDriversError) {
+  Exported b;
+  ASSERT_NO_FATAL_FAILURE(export_new_block(2 * MiB, -1, &b));
   Peer peer(/*without_shim=*/true);
-  EXPECT_EQ(peer.open(handle), kInvalidValue);
-  EXPECT_EQ(cudaFree(p), kSuccess);
+  EXPECT_EQ(peer.open(b.handle), kInvalidValue);
+  EXPECT_EQ(cudaFree(b.p), kSuccess);
 }
 
-TEST(IpcHandles, AProcessOfAnotherUserIsRefused) {
+TEST_F(IpcHandles, AProcessOfAnotherUserIsRefused) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to start a process of another user";
-  void* p = nullptr;
-  ASSERT_EQ(cudaMalloc(&p, 2 * MiB), kSuccess);
-  unsigned char handle[64];
-  ASSERT_EQ(cudaIpcGetMemHandle(handle, p), kSuccess);
+  Exported b;
+  ASSERT_NO_FATAL_FAILURE(export_new_block(2 * MiB, -1, &b));
   Peer peer(false, /*as_uid=*/65534);
-  const int rc = peer.open(handle);
+  const int rc = peer.open(b.handle);
   if (rc == -1) {
     const int status = peer.wait_exit();
-    EXPECT_EQ(cudaFree(p), kSuccess);
+    EXPECT_EQ(cudaFree(b.p), kSuccess);
     GTEST_SKIP() << "user 65534 cannot run the peer here (exit status " << status << ")";
   }
   EXPECT_EQ(rc, kInvalidValue);
-  EXPECT_EQ(cudaFree(p), kSuccess);
+  EXPECT_EQ(cudaFree(b.p), kSuccess);
 }
 
 // fork() while exporting: the child has no server and forgets the parent's exports; closing its
 // copies of the sockets ends none of the parent's leases, and the parent keeps serving.
-TEST(IpcHandles, AForkedChildLeavesTheParentsExportsAndLeasesAlone) {
+TEST_F(IpcHandles, AForkedChildLeavesTheParentsExportsAndLeasesAlone) {
   const std::uint64_t before = shim::stats(0).bytes_allocated;
-  void* p = nullptr;
-  ASSERT_EQ(cudaMalloc(&p, 2 * MiB), kSuccess);
-  std::memset(p, 0x66, 2 * MiB);
-  unsigned char handle[64];
-  ASSERT_EQ(cudaIpcGetMemHandle(handle, p), kSuccess);
+  Exported first;
+  ASSERT_NO_FATAL_FAILURE(export_new_block(2 * MiB, 0x66, &first));
   Peer peer;
-  ASSERT_EQ(peer.open(handle), kSuccess);
-  EXPECT_EQ(cudaFree(p), kSuccess);  // deferred: the peer maps it
+  ASSERT_EQ(peer.open(first.handle), kSuccess);
+  EXPECT_EQ(cudaFree(first.p), kSuccess);  // deferred: the peer maps it
   pid_t child = fork();
   if (child == 0) {
     // Nobody listens in the child under its own name.
@@ -360,23 +363,20 @@ TEST(IpcHandles, AForkedChildLeavesTheParentsExportsAndLeasesAlone) {
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_GT(shim::stats(0).bytes_allocated, before);  // the lease still holds the block
   EXPECT_TRUE(peer.check(0x66, 2 * MiB));
-  void* q = nullptr;
-  ASSERT_EQ(cudaMalloc(&q, 2 * MiB), kSuccess);
-  std::memset(q, 0x67, 2 * MiB);
-  unsigned char second[64];
-  ASSERT_EQ(cudaIpcGetMemHandle(second, q), kSuccess);
+  Exported second;
+  ASSERT_NO_FATAL_FAILURE(export_new_block(2 * MiB, 0x67, &second));
   {
     Peer other;
-    ASSERT_EQ(other.open(second), kSuccess);  // the server still runs
+    ASSERT_EQ(other.open(second.handle), kSuccess);  // the server still runs
     EXPECT_TRUE(other.check(0x67, 2 * MiB));
     EXPECT_EQ(other.close_handle(), kSuccess);
   }
-  EXPECT_EQ(cudaFree(q), kSuccess);
+  EXPECT_EQ(cudaFree(second.p), kSuccess);
   EXPECT_EQ(peer.close_handle(), kSuccess);
   EXPECT_TRUE(allocated_drops_to(before)) << shim::stats(0).bytes_allocated;
 }
 
-TEST(IpcHandles, CredentialCheckAdmitsTheSameUserAndRootOnly) {
+TEST_F(IpcHandles, CredentialCheckAdmitsTheSameUserAndRootOnly) {
   namespace ipc = gpustitch::preload::ipc;
   EXPECT_TRUE(ipc::peer_allowed(1000, 1000));
   EXPECT_TRUE(ipc::peer_allowed(1000, 0));

@@ -87,12 +87,38 @@ int oom(long mb, long scatter_mb) {
   return 0;
 }
 
+// CUDA IPC on pool memory under ipc:native: stream-ordered memory is the pool's, and both APIs
+// refuse to export it, twice each (the error is logged once per API).
+int ipc_native() {
+  cudaSetDevice(0);
+  // The probe links the runtime only: the driver's entry point as a program finds it in the
+  // driver the runtime loaded (the shim's, when preloaded).
+  void* libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  auto driver_get =
+      libcuda ? reinterpret_cast<int (*)(void*, CUdeviceptr)>(dlsym(libcuda, "cuIpcGetMemHandle"))
+              : nullptr;
+  void* a = nullptr;
+  const int async_rc = cudaMallocAsync(&a, 1 << 20, nullptr);
+  unsigned char handle[64];
+  int runtime_rc[2] = {-1, -1}, driver_rc[2] = {-1, -1};
+  for (int i = 0; i < 2 && async_rc == 0; ++i) {
+    runtime_rc[i] = cudaIpcGetMemHandle(handle, a);
+    if (driver_get) driver_rc[i] = driver_get(handle, reinterpret_cast<CUdeviceptr>(a));
+  }
+  const int owned = shim::owns(a) ? 1 : 0;
+  if (async_rc == 0) cudaFreeAsync(a, nullptr);
+  std::printf("ipc_native owned=%d runtime_rc=%d,%d driver_rc=%d,%d\n", owned, runtime_rc[0],
+              runtime_rc[1], driver_rc[0], driver_rc[1]);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const char* action = argc > 1 ? argv[1] : "alloc";
   if (std::strcmp(action, "pluggable") == 0 && argc > 2) return pluggable(argv[2]);
   if (std::strcmp(action, "snapshot") == 0 && argc > 3) return snapshot(argv[2], argv[3]);
   if (std::strcmp(action, "oom") == 0 && argc > 3)
     return oom(std::atol(argv[2]), std::atol(argv[3]));
+  if (std::strcmp(action, "ipc_native") == 0) return ipc_native();
   if (std::strcmp(action, "alloc") != 0) return 2;
   cudaSetDevice(0);
   void* libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);  // loaded by the runtime

@@ -127,6 +127,22 @@ TEST(Process, IpcNativeKeepsCudaMallocNativeAndServesItOnce) {
   EXPECT_EQ(subprocess::count_lines(r.err), 1) << r.err;  // one summary line per device
 }
 
+// Pool memory (stream-ordered) under ipc:native cannot be exported: cudaErrorNotSupported and
+// CUDA_ERROR_NOT_SUPPORTED (both 801), and one error line per API however often it is asked.
+TEST(Process, IpcNativeRefusesToExportPoolMemoryAndSaysSoOncePerApi) {
+  Result r = subprocess::run({PROBE_PATH, "ipc_native"},
+                             {kPreload, kBothLibs, "GPUSTITCH_CONF=backend:sim,ipc:native"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("ipc_native owned=1 runtime_rc=801,801 driver_rc=801,801"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.err.find("cudaIpcGetMemHandle on pool memory with ipc:native"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("cuIpcGetMemHandle on pool memory with ipc:native"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(count_lines(r.err), 2) << r.err;
+}
+
 TEST(Process, PluggableAllocatorWithoutPreload) {
   Result r = subprocess::run({PROBE_PATH, "pluggable", SHIM_PATH},
                              {kBothLibs, "GPUSTITCH_CONF=backend:sim"});

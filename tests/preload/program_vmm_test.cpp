@@ -134,19 +134,10 @@ std::optional<gpustitch::shm::DeviceCounters> recorded_counters(int device) {
 
 // This process's figures for device as its statistics record shows them.
 std::optional<Figures> recorded(int device) {
-  using namespace gpustitch::shm;
-  for (const RecordName& n : discover_records(kDefaultPrefix, ::geteuid())) {
-    if (n.pid != ::getpid()) continue;
-    ReadError err{};
-    auto r = RecordReader::open(n, ::geteuid(), &err);
-    SnapshotCopy snap;
-    if (!r || r->read_snapshot(&snap) != ReadError::none) return std::nullopt;
-    if (device >= static_cast<int>(snap.devices.size())) return std::nullopt;
-    const DeviceCounters& d = snap.devices[device];
-    return Figures{d.program_held_bytes, d.program_created_bytes, d.program_handles,
-                   d.program_mapped_bytes};
-  }
-  return std::nullopt;
+  const auto d = recorded_counters(device);
+  if (!d) return std::nullopt;
+  return Figures{d->program_held_bytes, d->program_created_bytes, d->program_handles,
+                 d->program_mapped_bytes};
 }
 
 // Waits (publish interval 10 ms) until the record shows want; returns what it last showed.
@@ -371,6 +362,16 @@ long long trim_pool(int device) {
   return trim ? trim(device) : -1;
 }
 
+// The tests of serving: the pool on the driver's VMM, and none of its memory idle at the start.
+class ProgramVmmServed : public ProgramVmm {
+ protected:
+  void SetUp() override {
+    ASSERT_NO_FATAL_FAILURE(ProgramVmm::SetUp());
+    if (std::getenv("EXPECT_POOL_VMM") == nullptr) GTEST_SKIP() << "needs backend:cuda";
+    ASSERT_GE(trim_pool(0), 0);
+  }
+};
+
 // Waits until the record shows `served` bytes lent to the program; returns what it last showed.
 std::uint64_t wait_served(int device, std::uint64_t served) {
   std::uint64_t last = ~0ull;
@@ -410,10 +411,8 @@ Round create_map_release(std::size_t size, const Prop& prop, unsigned char write
   return out;
 }
 
-TEST_F(ProgramVmm, ServedByThePoolWhereThePropertiesMatch) {
-  if (std::getenv("EXPECT_POOL_VMM") == nullptr) GTEST_SKIP() << "needs backend:cuda";
+TEST_F(ProgramVmmServed, ServedByThePoolWhereThePropertiesMatch) {
   constexpr std::size_t kSize = 8 * MiB;
-  ASSERT_GE(trim_pool(0), 0);
   const std::uint64_t reserved0 = shim::stats(0).bytes_reserved;
   fakecuda_reset_calls();
 
@@ -471,10 +470,8 @@ TEST_F(ProgramVmm, ServedByThePoolWhereThePropertiesMatch) {
   EXPECT_EQ(wait_for(0, {}), Figures{});
 }
 
-TEST_F(ProgramVmm, NotServedWhereThePropertiesDiffer) {
-  if (std::getenv("EXPECT_POOL_VMM") == nullptr) GTEST_SKIP() << "needs backend:cuda";
+TEST_F(ProgramVmmServed, NotServedWhereThePropertiesDiffer) {
   constexpr std::size_t kSize = 6 * MiB;
-  ASSERT_GE(trim_pool(0), 0);
   // An idle 6 MiB handle in the pool (a first round with the pool's properties).
   const Round kept = create_map_release(kSize, pool_prop(0), 0x11);
   fakecuda_reset_calls();
@@ -515,10 +512,8 @@ TEST_F(ProgramVmm, NotServedWhereThePropertiesDiffer) {
 }
 
 // An exported handle may live on in the process that imported it: it never becomes the pool's.
-TEST_F(ProgramVmm, ExportedHandlesGoBackToTheDriver) {
-  if (std::getenv("EXPECT_POOL_VMM") == nullptr) GTEST_SKIP() << "needs backend:cuda";
+TEST_F(ProgramVmmServed, ExportedHandlesGoBackToTheDriver) {
   constexpr std::size_t kSize = 10 * MiB;
-  ASSERT_GE(trim_pool(0), 0);
   const std::uint64_t reserved0 = shim::stats(0).bytes_reserved;
   auto exporter = reinterpret_cast<int (*)(void*, std::uint64_t, int, unsigned long long)>(
       dlsym(libcuda(), "cuMemExportToShareableHandle"));

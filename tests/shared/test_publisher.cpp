@@ -187,8 +187,8 @@ TEST(StatsPublisher, ForkedChildLeavesTheParentsRecordAlone) {
 #endif
   test::PrefixGuard g;
   ScriptedSource src;
-  auto pub =
-      std::make_unique<StatsPublisher>(src.source(), fast_config(), PublisherOptions{g.prefix});
+  auto pub = std::make_unique<StatsPublisher>(src.source(), fast_config(),
+                                              PublisherOptions{.prefix = g.prefix});
   ASSERT_TRUE(pub->active());
   pid_t child = ::fork();
   if (child == 0) {

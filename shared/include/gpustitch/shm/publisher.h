@@ -47,14 +47,16 @@ struct StatsSource {
   std::function<gpustitch::DeviceStats(int)> stats;
 };
 
+// Every member has its default here, so that PublisherOptions{.prefix = p} names only what differs.
 struct PublisherOptions {
   std::string prefix = std::string(kDefaultPrefix);  // tests use their own
   // Called on the publisher's thread once per interval, after publishing, without its locks held
-  // (the preload library polls snapshot requests and refreshes the site table here).
-  std::function<void()> on_tick;
+  // (the preload library polls snapshot requests and refreshes the site table here). Empty: none.
+  std::function<void()> on_tick = {};
   // Called while publishing, for each device's counters after they were filled from the pool's
   // statistics: layers above the core add theirs (the coop_* counters). Must be cheap, noexcept.
-  std::function<void(int device, DeviceCounters& counters)> augment;
+  // Empty: none.
+  std::function<void(int device, DeviceCounters& counters)> augment = {};
 };
 
 class StatsPublisher final : public gpustitch::PoolObserver {

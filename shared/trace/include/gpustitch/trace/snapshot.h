@@ -82,8 +82,8 @@ struct SnapshotTraceEntry {
   std::uint64_t size = 0;
   std::uint64_t stream = 0;
   std::uint64_t time_us = 0;
-  std::uint64_t device_free = 0;      // oom only
-  std::vector<SnapshotFrame> frames;  // alloc: the allocation's stack, when sampled
+  std::uint64_t device_free = 0;           // oom only
+  std::vector<SnapshotFrame> frames = {};  // alloc: the allocation's stack, when sampled
 };
 
 struct SnapshotData {
