@@ -107,8 +107,7 @@ json process_summary_json(const TrackedProcess& p, shm::JsonDetail detail,
   return j;
 }
 
-json process_detail_json(const TrackedProcess& p, std::uint32_t history_seconds,
-                         const shm::GpuInventory* gpus) {
+json process_detail_json(const TrackedProcess& p, const shm::GpuInventory* gpus) {
   json j = process_summary_json(p, shm::JsonDetail::full, gpus);
   json events = json::array();
   for (const auto& e : p.events) events.push_back(shm::event_to_json(e));
@@ -175,7 +174,7 @@ std::string handle_request(std::string_view line, const Peer& peer, const Proces
         const TrackedProcess* p = table.find(req->pid);
         if (!p || !p->have_snapshot || !visible(*p))
           return json{{"ok", false}, {"error", "not found"}}.dump() + "\n";
-        out["process"] = process_detail_json(*p, req->history_seconds, &table.gpus());
+        out["process"] = process_detail_json(*p, &table.gpus());
         out["history"] = history_json(*p, req->history_seconds);
         out["sample_interval_ms"] = config.sample_interval_ms;
         break;

@@ -60,7 +60,8 @@ std::vector<gid_t> process_groups(pid_t pid);
 // gpus: the node's GPUs, to name each device's GPU (shm::add_gpu_fields); null: only the UUID.
 nlohmann::json process_summary_json(const TrackedProcess& p, shm::JsonDetail detail,
                                     const shm::GpuInventory* gpus = nullptr);
-nlohmann::json process_detail_json(const TrackedProcess& p, std::uint32_t history_seconds,
+// The process's full figures, events and sites; its history is answered beside it (show).
+nlohmann::json process_detail_json(const TrackedProcess& p,
                                    const shm::GpuInventory* gpus = nullptr);
 
 // Answers one request line for peer. Never throws.
