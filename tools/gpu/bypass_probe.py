@@ -1,3 +1,16 @@
+#!/usr/bin/env python3
+"""Which PyTorch steps leave memory in the driver's default memory pool, outside gpustitch (GPU).
+
+Under `gpustitch run` (PyTorch's backend:cudaMallocAsync) every allocation PyTorch makes should be
+the pool's. This runs a few typical steps (matmul, bf16, scaled-dot-product attention forward and
+backward, cross entropy, autocast, AdamW) and after each prints one JSON line with the default
+pool's reserved bytes as cudaMemPoolGetAttribute answers them (under the shim: the driver's own
+figure plus the pool's) minus the pool's own reserved bytes, i.e. what sits in the driver's pool:
+
+    gpustitch run -- python3 tools/gpu/bypass_probe.py
+
+tools/gpu/nvml_gap_probe.py measures the same gap over a whole workload.
+"""
 import ctypes, json, os, torch
 import torch.nn.functional as F
 rt = ctypes.CDLL("libcudart.so.13")
