@@ -238,6 +238,7 @@ class DevicePool final {
   std::mutex fence_wait_mu_;
   std::condition_variable fence_cv_;
   std::atomic<std::uint64_t> waits_given_up_until_{0};  // the epoch of a wait that ran out
+  std::atomic<int> fence_waiters_{0};  // threads in wait_for_reclaimer (notified only if any)
   std::vector<std::unique_ptr<Arena>> arenas_;
   DeviceStats stats_;  // its peak_allocated is unused: peak_allocated_ below
   // Handles lent out (handle_lending.cpp), with their sizes; guarded by mu_. A node-based map:

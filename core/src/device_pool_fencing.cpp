@@ -50,6 +50,11 @@ bool DevicePool::fence_locked_if_cheap() noexcept {
 
 void DevicePool::note_fence_completed(std::uint64_t epoch) noexcept {
   atomic_max(completed_epoch_, epoch);
+  // Fences come on the allocation path too (a cudaFree loop fences per reuse): without waiters
+  // this costs a fence, not a lock. The two fences pair with the waiter's: either it counted
+  // itself before this load, or its check after counting sees the new epoch.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (fence_waiters_.load(std::memory_order_relaxed) == 0) return;
   // The waiters' mutex is taken so that a waiter between its check and its sleep cannot miss
   // this notification.
   { std::lock_guard lock(fence_wait_mu_); }
@@ -75,9 +80,12 @@ void DevicePool::wait_for_reclaimer(std::uint64_t epoch) noexcept {
   bool done;
   {
     std::unique_lock lock(fence_wait_mu_);
+    fence_waiters_.fetch_add(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
     done = fence_cv_.wait_for(lock, kMaxFenceWait, [&] {
       return completed_epoch_.load(std::memory_order_acquire) >= epoch;
     });
+    fence_waiters_.fetch_sub(1, std::memory_order_relaxed);
   }
   if (!done) atomic_max(waits_given_up_until_, epoch);
   std::lock_guard lock(mu_);
