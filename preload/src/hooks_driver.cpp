@@ -49,10 +49,7 @@ CUresult alloc_async(CUdeviceptr* dptr, std::size_t size, CUstream stream, bool 
     pl::note_passthrough();
     return forward<PFN_cuMemAllocAsync>(h, dptr, size, stream);
   }
-  DevPtr out = 0;
-  const pl::Served served =
-      pl::serve_allocation(*pool, device, size, pl::stream_key(stream, per_thread), &out);
-  const int r = pl::driver_result(served, dptr, out);
+  const int r = pl::serve_stream_ordered_driver(*pool, device, size, stream, per_thread, dptr);
   if (r >= 0) return static_cast<CUresult>(r);
   pl::note_passthrough();
   return forward<PFN_cuMemAllocAsync>(h, dptr, size, stream);

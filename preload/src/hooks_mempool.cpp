@@ -166,10 +166,7 @@ CUresult alloc_from_pool_async(CUdeviceptr* dptr, std::size_t size, CUmemoryPool
     return forward_driver<PFN_cuMemAllocFromPoolAsync>(h, dptr, size, mem_pool, stream);
   }
   if (!pl::stream_capturing(stream, per_thread)) {
-    DevPtr out = 0;
-    const pl::Served served =
-        pl::serve_allocation(*pool, d, size, pl::stream_key(stream, per_thread), &out);
-    const int r = pl::driver_result(served, dptr, out);
+    const int r = pl::serve_stream_ordered_driver(*pool, d, size, stream, per_thread, dptr);
     if (r >= 0) return static_cast<CUresult>(r);
   }
   pl::note_passthrough();

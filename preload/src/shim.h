@@ -125,6 +125,17 @@ inline int driver_result(Served served, cuda::CUdeviceptr* dptr, DevPtr out) noe
 Served serve_allocation(Pool& pool, int device, std::size_t size, Stream stream,
                         DevPtr* out) noexcept;
 
+// A stream-ordered driver allocation (cuMemAllocAsync, cuMemAllocFromPoolAsync on a default
+// pool) served on device in stream's order: the driver's code with *dptr set, or -1 when the call
+// goes to the driver instead.
+inline int serve_stream_ordered_driver(Pool& pool, int device, std::size_t size,
+                                       cuda::CUstream stream, bool per_thread,
+                                       cuda::CUdeviceptr* dptr) noexcept {
+  DevPtr out = 0;
+  const Served served = serve_allocation(pool, device, size, stream_key(stream, per_thread), &out);
+  return driver_result(served, dptr, out);
+}
+
 // A stream-ordered free (cudaFreeAsync, cuMemFreeAsync). capture_unsupported: ptr is the pool's
 // but stream is being captured into a graph, which cannot record a free of memory the driver does
 // not know (logged, naming api); invalid_stream: ptr is the pool's but the driver rejects stream
