@@ -43,6 +43,7 @@ struct ReplayArgs {
   bool min_capacity = false;
   bool gpu = false;
   bool whole_handles = false;
+  bool explain_peak = false;
   std::string conf;
   int plot_width = 1000, plot_height = 540;
 };
@@ -166,6 +167,7 @@ int run_replay(const ReplayArgs& a, const GlobalOptions& g) {
   env.gpu = a.gpu;
   env.map_offset = !a.whole_handles;
   env.pool_conf = a.conf;
+  env.explain_peak = a.explain_peak;
   if (a.max_split_mb > 0)
     env.max_split_size = static_cast<std::size_t>(a.max_split_mb * 1024 * 1024);
   std::vector<std::string> names = split_names(a.policies);
@@ -290,6 +292,30 @@ int run_replay(const ReplayArgs& a, const GlobalOptions& g) {
                   min_caps[i] ? gib(min_caps[i]).c_str() : "none tried fits");
     }
     if (!min_caps.empty()) std::printf("(smallest device: bisection to within 64 MiB)\n");
+    for (const auto& r : results) {
+      auto get = [&](std::string_view key) -> std::uint64_t {
+        for (const auto& [name, value] : r.counters)
+          if (name == key) return value;
+        return UINT64_MAX;
+      };
+      if (get("peak_live_bytes") == UINT64_MAX) continue;
+      auto mib = [](std::uint64_t b) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1024.0 * 1024.0));
+        return std::string(buf);
+      };
+      std::printf(
+          "%s at its peak (%s reserved, after a request of %s): live %s, free %s in %llu blocks "
+          "(%s of it in pieces under 2 MiB, largest %s), waiting for a fence %s, small chunks "
+          "%s, spare handles %s\n",
+          r.policy.c_str(), mib(get("peak_reserved_explained")).c_str(),
+          mib(get("peak_request_bytes")).c_str(), mib(get("peak_live_bytes")).c_str(),
+          mib(get("peak_free_bytes")).c_str(),
+          static_cast<unsigned long long>(get("peak_free_blocks")),
+          mib(get("peak_free_under_2mib_bytes")).c_str(),
+          mib(get("peak_largest_free_bytes")).c_str(), mib(get("peak_pending_bytes")).c_str(),
+          mib(get("peak_small_chunk_bytes")).c_str(), mib(get("peak_spare_bytes")).c_str());
+    }
   }
   return kOk;
 }
@@ -327,6 +353,9 @@ Registrar reg{
       app.add_option("--conf", a->conf,
                      "GPUSTITCH_CONF-style settings for the gpustitch policies, e.g. "
                      "segment_mb:64");
+      app.add_flag("--explain-peak", a->explain_peak,
+                   "Say where the gpustitch policies' reserved memory was at its peak: live, "
+                   "free (by size), waiting for a fence, small chunks, spare handles");
       app.add_flag("--min-capacity", a->min_capacity,
                    "Also find each policy's smallest device without OOM (bisection)");
       return [a, &global]() { return run_replay(*a, global); };

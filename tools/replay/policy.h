@@ -69,6 +69,9 @@ struct PolicyEnv {
   bool map_offset = true;
   // GPUSTITCH_CONF-style settings for the gpustitch policies, on top of replay's own (empty: none).
   std::string pool_conf;
+  // The gpustitch policies say what their memory held when reserved peaked (counters "peak_*":
+  // live, free by size, waiting for a fence, small chunks, unmapped spares; pool_policy.cpp).
+  bool explain_peak = false;
 };
 
 // How long a fence takes on the simulated device the gpustitch policies replay on, in ns

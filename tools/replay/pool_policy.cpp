@@ -2,12 +2,18 @@
 // capacity (or, with PolicyEnv::gpu, over the CUDA backend with cap = capacity), with stitching
 // on ("gpustitch") or off ("gpustitch-no-stitch"). Reserved is the pool's bytes_reserved
 // (physical memory held from the backend).
+//
+// With PolicyEnv::explain_peak it also keeps the pool's memory map (Pool::memory_map) as it was
+// right after the allocation that took reserved to its peak, and reports it as counters: where
+// the bytes above the live ones were (free blocks by size, memory waiting for its fence, small
+// chunks, spare handles). That is the measuring instrument for "why is reserved above demand".
 #include <gpustitch/backend_factory.h>
 #include <gpustitch/config.h>
 #include <gpustitch/pool.h>
 #include <gpustitch/sim_backend.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "driver_cost.h"
 #include "policy.h"
@@ -18,9 +24,11 @@ namespace {
 
 class PoolPolicy final : public ReplayPolicy {
  public:
-  PoolPolicy(std::string name, std::unique_ptr<Backend> backend, const Config& config)
+  PoolPolicy(std::string name, std::unique_ptr<Backend> backend, const Config& config,
+             bool explain_peak)
       : name_(std::move(name)),
         stitching_(config.stitching),
+        explain_peak_(explain_peak),
         backend_(std::make_unique<CostedBackend>(std::move(backend))),
         pool_(*backend_, config) {}
 
@@ -49,7 +57,7 @@ class PoolPolicy final : public ReplayPolicy {
       if (why) *why = "the trace uses more devices than the backend has";
       return nullptr;
     }
-    return std::make_unique<PoolPolicy>(std::move(name), std::move(backend), c);
+    return std::make_unique<PoolPolicy>(std::move(name), std::move(backend), c, env.explain_peak);
   }
 
   std::string name() const override { return name_; }
@@ -58,6 +66,7 @@ class PoolPolicy final : public ReplayPolicy {
     DevPtr p = 0;
     if (pool_.allocate(device, size, stream, &p) != Status::ok) return false;
     *handle = p;
+    if (explain_peak_) note_peak(device, size);
     return true;
   }
   void deallocate(int, std::uint64_t handle, std::size_t, Stream stream) override {
@@ -85,10 +94,67 @@ class PoolPolicy final : public ReplayPolicy {
     std::vector<std::pair<std::string, std::uint64_t>> out = {
         {"cache_hits", hits}, {"fresh", fresh}, {"stitches", stitches}, {"trims", trims}};
     for (auto& c : backend_->cost().counters()) out.push_back(std::move(c));
+    if (explain_peak_) explain(devices, &out);
     return out;
   }
 
  private:
+  struct PeakView {
+    std::uint64_t reserved = 0;  // bytes_reserved right after the allocation
+    std::uint64_t request = 0;   // its size
+    std::vector<MappedSegment> map;
+  };
+  void note_peak(int device, std::size_t size) {
+    if (peaks_.size() <= static_cast<std::size_t>(device)) peaks_.resize(device + 1);
+    PeakView& v = peaks_[static_cast<std::size_t>(device)];
+    const std::uint64_t reserved = pool_.stats(device).bytes_reserved;
+    if (reserved <= v.reserved) return;
+    v.reserved = reserved;
+    v.request = size;
+    v.map.clear();
+    pool_.memory_map(device, &v.map);
+  }
+  // Where reserved memory was at its peak, summed over devices. Free blocks under 2 MiB can hold
+  // no whole handle (the driver's granularity), so only best fit can reuse them where they lie.
+  void explain(int devices, std::vector<std::pair<std::string, std::uint64_t>>* out) const {
+    std::uint64_t reserved = 0, request = 0, live = 0, free = 0, pending = 0, small = 0;
+    std::uint64_t free_blocks = 0, free_small_pieces = 0, largest_free = 0, mapped = 0;
+    for (int d = 0; d < devices && static_cast<std::size_t>(d) < peaks_.size(); ++d) {
+      const PeakView& v = peaks_[static_cast<std::size_t>(d)];
+      reserved += v.reserved;
+      request = std::max(request, v.request);
+      for (const MappedSegment& seg : v.map) {
+        mapped += seg.size;
+        if (seg.small) {
+          small += seg.size;
+          continue;
+        }
+        for (const MappedBlock& b : seg.blocks) {
+          if (b.state == MappedBlock::State::live) {
+            live += b.size;
+          } else if (b.state == MappedBlock::State::pending) {
+            pending += b.size;
+          } else {
+            free += b.size;
+            ++free_blocks;
+            if (b.size < 2 * MiB) free_small_pieces += b.size;
+            largest_free = std::max<std::uint64_t>(largest_free, b.size);
+          }
+        }
+      }
+    }
+    out->insert(out->end(), {{"peak_reserved_explained", reserved},
+                             {"peak_request_bytes", request},
+                             {"peak_live_bytes", live},
+                             {"peak_free_bytes", free},
+                             {"peak_free_blocks", free_blocks},
+                             {"peak_free_under_2mib_bytes", free_small_pieces},
+                             {"peak_largest_free_bytes", largest_free},
+                             {"peak_pending_bytes", pending},
+                             {"peak_small_chunk_bytes", small},
+                             {"peak_spare_bytes", reserved > mapped ? reserved - mapped : 0}});
+  }
+
   // The simulated fence takes kSimFenceNs (policy.h: why), at least: the simulator busy-waits.
   static SimOptions sim_options(const PolicyEnv& env) {
     SimOptions o{env.devices, env.capacity, env.granularity, env.map_offset};
@@ -104,6 +170,8 @@ class PoolPolicy final : public ReplayPolicy {
   }
   std::string name_;
   bool stitching_;
+  bool explain_peak_;
+  std::vector<PeakView> peaks_;             // per device
   std::unique_ptr<CostedBackend> backend_;  // every driver call, counted and costed
   Pool pool_;
 };

@@ -115,6 +115,42 @@ TEST(ReplayCli, WholeHandlesAndPoolSettings) {
   EXPECT_NE(out.find("segment_mb"), std::string::npos) << out;
 }
 
+// --explain-peak accounts for every byte the pool held at its peak (live, free, waiting for a
+// fence, small chunks, spare handles), in JSON and in the text report; other policies get none.
+TEST(ReplayCli, ExplainPeakAccountsForEveryReservedByte) {
+  std::string trace = tmp("explain.csv");
+  int rc = 0;
+  std::string out = run(std::string(GPUSTITCH_CLI) + " replay --generate " + trace +
+                            " --steps 20 --capacity-gb 80 --whole-handles --explain-peak"
+                            " --policy pytorch,gpustitch,gpustitch-no-stitch --json",
+                        &rc);
+  ASSERT_EQ(rc, 0) << out;
+  for (const auto& p : nlohmann::json::parse(out)["policies"]) {
+    if (p["policy"] == "pytorch") {
+      EXPECT_FALSE(p.contains("peak_live_bytes")) << p;
+      continue;
+    }
+    ASSERT_TRUE(p.contains("peak_live_bytes")) << p;
+    const auto at = [&](const char* k) { return p[k].get<std::uint64_t>(); };
+    EXPECT_EQ(at("peak_reserved_explained"), at("peak_reserved_bytes")) << p;
+    EXPECT_EQ(at("peak_live_bytes") + at("peak_free_bytes") + at("peak_pending_bytes") +
+                  at("peak_small_chunk_bytes") + at("peak_spare_bytes"),
+              at("peak_reserved_bytes"))
+        << p;
+    EXPECT_GT(at("peak_live_bytes"), 0u) << p;
+    EXPECT_GT(at("peak_request_bytes"), 0u) << p;
+    EXPECT_LE(at("peak_free_under_2mib_bytes"), at("peak_free_bytes")) << p;
+    EXPECT_LE(at("peak_largest_free_bytes"), at("peak_free_bytes")) << p;
+    EXPECT_EQ(at("peak_free_blocks") == 0, at("peak_free_bytes") == 0) << p;
+  }
+  out = run(std::string(GPUSTITCH_CLI) + " replay " + trace +
+                " --policy pytorch,gpustitch --explain-peak",
+            &rc);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(count_of(out, " at its peak ("), 1) << out;
+  EXPECT_NE(out.find("gpustitch at its peak ("), std::string::npos) << out;
+}
+
 TEST(ReplayCli, UnknownPolicyAndMissingTraceAreReported) {
   int rc = 0;
   run(std::string(GPUSTITCH_CLI) + " replay /nonexistent.csv 2>/dev/null", &rc);
