@@ -118,6 +118,8 @@ const std::vector<KeySpec>& key_specs() {
          if (v == "inline") return c.background_reclaim = false, true;
          return false;
        }},
+      {"driver_pool_release", "on or off",
+       [](std::string_view v, Config& c) { return parse_bool(v, &c.driver_pool_release); }},
       {"stream_miss_fence", "on or off",
        [](std::string_view v, Config& c) { return parse_bool(v, &c.stream_miss_fence); }},
       {"large_cache_mb", "a size in MiB (0 = off)",

@@ -103,6 +103,7 @@ inline constexpr int CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1;
 
 // CUmemPool_attribute / cudaMemPoolAttr values (the same numbers) the shim answers for the
 // default memory pool of a device it serves; each takes a cuuint64_t.
+inline constexpr int CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4;
 inline constexpr int CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5;
 inline constexpr int CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH = 6;
 inline constexpr int CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7;

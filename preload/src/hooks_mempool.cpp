@@ -21,6 +21,22 @@
 // pending frees); with a non-zero minimum the pool is left alone, since a trim cannot promise to
 // keep an exact number of bytes and the driver's contract is "at least minBytesToKeep stay".
 //
+// The release threshold (config driver_pool_release:on; off by default). Some memory reaches the
+// driver's default pool without passing any hook the shim can install (on the H200 under PyTorch's
+// cudaMallocAsync backend: 32 MiB after an attention backward, and on HF Llama training
+// 1,760 MiB reserved at the peak for at most 77-451 MiB live; the shim's pass-through count stays
+// 0, so the calls do not come through the runtime or driver entry points it serves). PyTorch sets
+// the default pool's release threshold to the maximum, because under it the pool is its cache; so
+// the driver kept all of that reserved. While the pool serves the device, a
+// SetAttribute(ReleaseThreshold) on its default pool goes to the driver as asked (its errors are
+// the caller's) and then the threshold is put back to 0, the driver's default; the value the
+// program set is remembered and is what GetAttribute(ReleaseThreshold) answers. The driver then
+// gives that memory back at each synchronisation: the HF run's NVML peak went from 15,889-15,923
+// MiB to 14,143-14,159 MiB (the pool's own peak unchanged). The cost lands on those allocations
+// only (re-created after a synchronisation), but tokens/s in two interleaved rounds were
+// 45.9k/38.1k against 55.1k/41.7k: fewer in both, within the 28% the same configuration varied by
+// between rounds. Until that is measured apart from the noise the switch stays off by default.
+//
 // Every call goes to the native function first, with the caller's arguments: a bad handle, a bad
 // attribute or a null pointer gets exactly the native error, and nothing is added. Any other pool
 // (cudaMemPoolCreate'd), any other attribute (ReleaseThreshold, the Reuse* flags) and any device
@@ -81,6 +97,39 @@ int served_default_pool_device(Pool& pool, CUmemoryPool handle) noexcept {
     if (known == handle) return d;
   }
   return -1;
+}
+
+// What the program set as device d's default pool's release threshold (0: the driver's default),
+// while the driver's is held at 0.
+std::atomic<std::uint64_t> g_program_threshold[kMaxDevices];
+
+// The device whose default pool's release threshold the shim holds at 0; -1 if none.
+int held_threshold_device(CUmemoryPool handle, int attr) noexcept {
+  if (attr != CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) return -1;
+  Pool* pool = pl::existing_pool();
+  if (!pool || !pool->config().driver_pool_release) return -1;
+  return served_default_pool_device(*pool, handle);
+}
+
+// After the native SetAttribute(ReleaseThreshold) succeeded: remembers the program's value and
+// puts the driver's back to 0 with `set_zero`.
+template <typename SetZero>
+void hold_threshold_down(CUmemoryPool handle, int attr, const void* value,
+                         SetZero set_zero) noexcept {
+  const int d = held_threshold_device(handle, attr);
+  if (d < 0 || d >= kMaxDevices || !value) return;
+  std::uint64_t v = 0;
+  std::memcpy(&v, value, sizeof v);
+  g_program_threshold[d].store(v, std::memory_order_relaxed);
+  if (v != 0) set_zero();
+}
+
+// After the native GetAttribute(ReleaseThreshold) succeeded: the program reads back its own value.
+void answer_program_threshold(CUmemoryPool handle, int attr, void* value) noexcept {
+  const int d = held_threshold_device(handle, attr);
+  if (d < 0 || d >= kMaxDevices || !value) return;
+  const std::uint64_t v = g_program_threshold[d].load(std::memory_order_relaxed);
+  std::memcpy(value, &v, sizeof v);
 }
 
 bool is_answered(int attr) noexcept {
@@ -202,7 +251,10 @@ __attribute__((visibility("default"))) CUresult cuMemPoolGetAttribute(CUmemoryPo
                                                                       void* value) {
   CUresult r =
       forward_driver<PFN_cuMemPoolGetAttribute>(Hook::cuMemPoolGetAttribute, pool, attr, value);
-  if (r == CUDA_SUCCESS) add_pool_figure(pool, attr, value);
+  if (r == CUDA_SUCCESS) {
+    add_pool_figure(pool, attr, value);
+    answer_program_threshold(pool, attr, value);
+  }
   return r;
 }
 
@@ -210,7 +262,13 @@ __attribute__((visibility("default"))) CUresult cuMemPoolSetAttribute(CUmemoryPo
                                                                       void* value) {
   CUresult r =
       forward_driver<PFN_cuMemPoolSetAttribute>(Hook::cuMemPoolSetAttribute, pool, attr, value);
-  if (r == CUDA_SUCCESS) reset_pool_mark(pool, attr);
+  if (r == CUDA_SUCCESS) {
+    reset_pool_mark(pool, attr);
+    hold_threshold_down(pool, attr, value, [&] {
+      std::uint64_t zero = 0;
+      forward_driver<PFN_cuMemPoolSetAttribute>(Hook::cuMemPoolSetAttribute, pool, attr, &zero);
+    });
+  }
   return r;
 }
 
@@ -233,7 +291,10 @@ __attribute__((visibility("default"))) cudaError cudaMemPoolGetAttribute(CUmemor
                                                                          int attr, void* value) {
   cudaError r = forward_runtime<PFN_cudaMemPoolGetAttribute>(Hook::cudaMemPoolGetAttribute, pool,
                                                              attr, value);
-  if (r == cudaSuccess) add_pool_figure(pool, attr, value);
+  if (r == cudaSuccess) {
+    add_pool_figure(pool, attr, value);
+    answer_program_threshold(pool, attr, value);
+  }
   return r;
 }
 
@@ -241,7 +302,14 @@ __attribute__((visibility("default"))) cudaError cudaMemPoolSetAttribute(CUmemor
                                                                          int attr, void* value) {
   cudaError r = forward_runtime<PFN_cudaMemPoolSetAttribute>(Hook::cudaMemPoolSetAttribute, pool,
                                                              attr, value);
-  if (r == cudaSuccess) reset_pool_mark(pool, attr);
+  if (r == cudaSuccess) {
+    reset_pool_mark(pool, attr);
+    hold_threshold_down(pool, attr, value, [&] {
+      std::uint64_t zero = 0;
+      forward_runtime<PFN_cudaMemPoolSetAttribute>(Hook::cudaMemPoolSetAttribute, pool, attr,
+                                                   &zero);
+    });
+  }
   return r;
 }
 

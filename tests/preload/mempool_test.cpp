@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #include "cuda_decls.h"
@@ -207,6 +208,54 @@ TEST_F(MemPoolHooks, OtherPoolsAttributesAndBadArgumentsPassThrough) {
   EXPECT_EQ(attr(pool1, kUsedCurrent), shim::stats(1).bytes_allocated);
   EXPECT_LT(attr(pool1, kUsedCurrent), 16 * MiB);
   ASSERT_EQ(cudaFreeAsync(p, stream_), kSuccess);
+}
+
+// PyTorch's cudaMallocAsync backend raises the default pool's release threshold to the maximum.
+// With driver_pool_release:on (ctest runs this test again so) the program reads back its own
+// value, by either API, but the driver's stays 0, so memory that reaches the driver's pool past
+// the hooks goes back at the next synchronisation; off (the default), the driver holds what was
+// set. A pool of the program's own keeps the threshold it is given, and a bad argument gets the
+// native error.
+TEST_F(MemPoolHooks, DriverPoolReleaseHoldsTheDriversThresholdAtZero) {
+  const char* conf = std::getenv("GPUSTITCH_CONF");
+  const bool on = conf != nullptr && std::strstr(conf, "driver_pool_release:on") != nullptr;
+  auto held = [&](std::uint64_t set) { return on ? 0 : set; };
+  std::uint64_t max = ~0ull;
+  ASSERT_EQ(cudaMemPoolSetAttribute(pool_, kReleaseThreshold, &max), kSuccess);
+  EXPECT_EQ(attr(pool_, kReleaseThreshold), ~0ull);
+  EXPECT_EQ(fakecuda_pool_release_threshold(pool_), held(~0ull));
+  MemPool drv_pool = nullptr;
+  ASSERT_EQ(cuDeviceGetDefaultMemPool(&drv_pool, 0), kSuccess);
+  ASSERT_EQ(drv_pool, pool_);
+  void* libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(libcuda, nullptr);
+  auto drv_get = reinterpret_cast<GetAttr>(dlsym(libcuda, "cuMemPoolGetAttribute"));
+  auto drv_set = reinterpret_cast<SetAttr>(dlsym(libcuda, "cuMemPoolSetAttribute"));
+  ASSERT_NE(drv_get, nullptr);
+  ASSERT_NE(drv_set, nullptr);
+  std::uint64_t half = 1ull << 40;
+  ASSERT_EQ(drv_set(pool_, kReleaseThreshold, &half), kSuccess);
+  EXPECT_EQ(attr(pool_, kReleaseThreshold, drv_get), half);
+  EXPECT_EQ(attr(pool_, kReleaseThreshold), half);
+  EXPECT_EQ(fakecuda_pool_release_threshold(pool_), held(half));
+  // 0 from the program: nothing to hold down, and it reads back 0.
+  std::uint64_t zero = 0;
+  ASSERT_EQ(cudaMemPoolSetAttribute(pool_, kReleaseThreshold, &zero), kSuccess);
+  EXPECT_EQ(attr(pool_, kReleaseThreshold), 0u);
+  // Bad arguments: the native error; the remembered value stays.
+  ASSERT_EQ(cudaMemPoolSetAttribute(pool_, kReleaseThreshold, &max), kSuccess);
+  EXPECT_EQ(cudaMemPoolSetAttribute(pool_, kReleaseThreshold, nullptr), kInvalidValue);
+  EXPECT_EQ(cudaMemPoolGetAttribute(pool_, kReleaseThreshold, nullptr), kInvalidValue);
+  EXPECT_EQ(attr(pool_, kReleaseThreshold), ~0ull);
+  EXPECT_EQ(fakecuda_pool_release_threshold(pool_), held(~0ull));
+  // A pool the program created is its own business.
+  MemPool own = nullptr;
+  const char props[88] = {};
+  ASSERT_EQ(cuMemPoolCreate(&own, props), kSuccess);
+  ASSERT_EQ(cudaMemPoolSetAttribute(own, kReleaseThreshold, &max), kSuccess);
+  EXPECT_EQ(fakecuda_pool_release_threshold(own), ~0ull);
+  EXPECT_EQ(attr(own, kReleaseThreshold), ~0ull);
+  ASSERT_EQ(cudaMemPoolSetAttribute(pool_, kReleaseThreshold, &zero), kSuccess);
 }
 
 // Allocations made while the stream is captured into a graph go to the driver's pool: they are

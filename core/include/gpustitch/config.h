@@ -77,8 +77,17 @@ struct Config {
   // Non-empty: processes naming the same device share its capacity, as on one GPU.
   std::string sim_shared;  // sim_shared:NAME
   // --- layers above the core (preload shim, statistics, tracing) ----------------------------
-  bool enabled = true;                 // enable:on|off (shim passes everything through)
-  bool ipc_native = false;             // ipc:native|pool
+  bool enabled = true;      // enable:on|off (shim passes everything through)
+  bool ipc_native = false;  // ipc:native|pool
+  // on: the device's default memory pool (the driver's, behind cudaMallocAsync) keeps its release
+  // threshold at 0 while the pool serves the device, whatever the program sets (the program reads
+  // back its own value), so memory that reaches it without passing the hooks goes back to the
+  // driver at each synchronisation instead of staying reserved (preload/src/hooks_mempool.cpp).
+  // PyTorch's cudaMallocAsync backend sets the threshold to the maximum; on the H200 its HF Llama
+  // training under the shim then held 1,760 MiB there at its peak (NVML peak 15.9 GB; with the
+  // threshold at 0, 14.2 GB), for allocations of at most 77-451 MiB live. Off by default until its
+  // cost in tokens/s is measured apart from the runs' noise (two rounds: 9% and 17% fewer).
+  bool driver_pool_release = false;    // driver_pool_release:on|off
   std::string trace_path;              // trace:PATH
   std::string log_level = "warn";      // log_level:trace|debug|info|warn|error|off
   bool summary = false;                // summary:on|off (exit summary below info; run sets it)

@@ -21,4 +21,7 @@ std::size_t fakecuda_used(int device);
 // The arguments of the last call of a VMM entry point ("cuMemCreate", "cuMemMap", ...) as
 // 64-bit values in declaration order (pointers as addresses); 0 when it was never called.
 int fakecuda_last_args(const char* symbol, std::uint64_t* out /* [5] */);
+// The release threshold the fake driver holds for a memory pool (no hook in between);
+// UINT64_MAX for a handle that is not a pool.
+std::uint64_t fakecuda_pool_release_threshold(CUmemPoolHandle_st* pool);
 }

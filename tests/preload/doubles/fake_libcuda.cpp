@@ -641,6 +641,11 @@ API CUresult cuMemPoolCreate(CUmemPoolHandle_st** pool, const void* props) {
   *pool = reinterpret_cast<CUmemPoolHandle_st*>(p);
   return kOk;
 }
+API std::uint64_t fakecuda_pool_release_threshold(CUmemPoolHandle_st* h) {
+  std::lock_guard g(drv().mu);
+  MemPool* p = as_pool(h);
+  return p ? p->release_threshold : UINT64_MAX;
+}
 // Attributes: 1-3 the Reuse* flags (int), 4 ReleaseThreshold, 5-8 Reserved/Used Current/High
 // (cuuint64_t); the Current ones are read-only, the High ones accept only 0 (reset to current).
 API CUresult cuMemPoolGetAttribute(CUmemPoolHandle_st* h, int attr, void* value) {
