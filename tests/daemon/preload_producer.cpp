@@ -93,8 +93,10 @@ int main(int argc, char** argv) {
   std::printf("READY %d\n", static_cast<int>(::getpid()));
   std::fflush(stdout);
   while (!g_stop) {
-    for (; g_oom_requests > 0; g_oom_requests = g_oom_requests - 1)
+    while (g_oom_requests > 0) {
+      g_oom_requests = g_oom_requests - 1;
       if (ask_too_much() != 0) return 1;
+    }
     if (!churn) {
       ::sigsuspend(&waiting);
       continue;

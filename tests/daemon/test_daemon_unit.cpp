@@ -422,7 +422,9 @@ shm::DeviceCounters device_on(const char* uuid, int ordinal, std::uint64_t reser
                               std::uint64_t free) {
   shm::DeviceCounters d{};
   std::array<std::uint8_t, shm::kUuidBytes> u{};
-  if (uuid) EXPECT_TRUE(shm::parse_uuid_text(uuid, &u));
+  if (uuid) {
+    EXPECT_TRUE(shm::parse_uuid_text(uuid, &u));
+  }
   std::copy(u.begin(), u.end(), d.uuid);
   d.ordinal = ordinal;
   d.bytes_reserved = reserved;

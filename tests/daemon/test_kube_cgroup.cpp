@@ -122,7 +122,9 @@ TEST(KubeCgroup, LookalikesAreRejected) {
 // This test process itself: not in a pod on the build machine, and reading it does not fail.
 TEST(KubeCgroup, ReadsAProcess) {
   auto k = read_kube_identity(::getpid());
-  if (k) EXPECT_EQ(k->pod_uid.size(), 36u);
+  if (k) {
+    EXPECT_EQ(k->pod_uid.size(), 36u);
+  }
   EXPECT_FALSE(read_kube_identity(::getpid(), "/nonexistent"));
 }
 

@@ -276,7 +276,9 @@ TEST_F(CliStats, DoctorReportsEveryCheckAndFailsWithoutADriver) {
   EXPECT_EQ(rc, 1);
   EXPECT_FALSE(j["ok"].get<bool>());
   // libcuda.so.1 is not on CI machines: the driver check says so rather than crashing.
-  if (status["driver"] == "fail") EXPECT_EQ(status["vmm"], "skip");
+  if (status["driver"] == "fail") {
+    EXPECT_EQ(status["vmm"], "skip");
+  }
 }
 
 TEST_F(CliStats, DoctorAcceptsASharedLibraryAndRejectsOtherFiles) {
@@ -288,8 +290,11 @@ TEST_F(CliStats, DoctorAcceptsASharedLibraryAndRejectsOtherFiles) {
   auto [rc, out] = cli({"doctor", "--json", "--preload", lib});
   ::unlink(lib);
   json report = json::parse(out);
-  for (const auto& c : report["checks"])
-    if (c["check"] == "preload") EXPECT_EQ(c["status"], "fail");
+  for (const auto& c : report["checks"]) {
+    if (c["check"] == "preload") {
+      EXPECT_EQ(c["status"], "fail");
+    }
+  }
   // Any 64-bit shared object passes the file check: the C library will do.
   std::string libc;
   for (const char* cand : {"/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6",
@@ -298,8 +303,11 @@ TEST_F(CliStats, DoctorAcceptsASharedLibraryAndRejectsOtherFiles) {
   if (libc.empty()) GTEST_SKIP();
   auto [rc2, out2] = cli({"doctor", "--json", "--preload", libc});
   json report2 = json::parse(out2);
-  for (const auto& c : report2["checks"])
-    if (c["check"] == "preload") EXPECT_EQ(c["status"], "ok") << c.dump();
+  for (const auto& c : report2["checks"]) {
+    if (c["check"] == "preload") {
+      EXPECT_EQ(c["status"], "ok") << c.dump();
+    }
+  }
 }
 
 TEST(CliHelp, EveryStatsCommandHasHelpWithExitCodes) {
