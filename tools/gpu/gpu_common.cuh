@@ -3,14 +3,18 @@
 //   PASS: <program> ... | FAIL: <program> ...
 //   checksum: <decimal>      (must be equal with and without the shim)
 //   wall_ms: <milliseconds>
+//   bytes: {json}            (report_bytes: the byte accounting of run-matrix.sh's shim runs)
 #pragma once
 
 #include <cuda_runtime.h>
+
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 __host__ __device__ inline std::uint32_t word_at(std::uint64_t i, std::uint32_t seed) {
   std::uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ (static_cast<std::uint64_t>(seed) << 32);
@@ -57,3 +61,23 @@ struct Lcg {
     return v;
   }
 };
+
+// With the program's memory live: where GPUSTITCH_MATRIX_BYTES names tools/gpu/matrix_bytes.py
+// (run-matrix.sh sets it for the shim runs), runs `python3 THAT program --pid PID --live BYTES`
+// and passes on its `bytes:` line, which compares the pool's and NVML's figures for this process
+// with the bytes the program holds. Without it, nothing.
+inline void report_bytes(std::uint64_t live_bytes) {
+  const char* script = std::getenv("GPUSTITCH_MATRIX_BYTES");
+  if (script == nullptr || *script == '\0') return;
+  if (cudaDeviceSynchronize() != cudaSuccess) return;
+  const std::string cmd = std::string("python3 '") + script + "' program --pid " +
+                          std::to_string(static_cast<long long>(getpid())) + " --live " +
+                          std::to_string(static_cast<unsigned long long>(live_bytes));
+  std::fflush(stdout);
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return;
+  char line[4096];
+  while (std::fgets(line, sizeof line, p) != nullptr) std::fputs(line, stdout);
+  pclose(p);
+  std::fflush(stdout);
+}

@@ -126,7 +126,8 @@ if ((QUICK)); then
 else
   MS_ARGS=(); FWB_ARGS=(); TORCH_ARGS=()
 fi
-SHIM_ENV=(LD_PRELOAD="$LIB" GPUSTITCH_CONF="$CONF")
+# GPUSTITCH_MATRIX_BYTES: the CUDA C++ checks measure their bytes with it (gpu_common.cuh).
+SHIM_ENV=(LD_PRELOAD="$LIB" GPUSTITCH_CONF="$CONF" GPUSTITCH_MATRIX_BYTES="$ROOT/tools/gpu/matrix_bytes.py")
 ROWS=0
 FAILS=0
 {
