@@ -365,6 +365,9 @@ def write(outdir):
                 notes.append(f"cut short: {t.get('steps_completed')} steps")
             if t.get("peak_reserved_source", "").startswith("gpustitch"):
                 notes.append("reserved: pool")
+            if t.get("driver_pool_peak_reserved_bytes"):
+                notes.append(f"plus up to {t['driver_pool_peak_reserved_bytes'] / 2**30:.2f} GiB "
+                             "in the driver's default pool")
             if t.get("peak_allocated_source", "").startswith("gpustitch"):
                 notes.append("allocated: pool")
             if r["config"].startswith("gpustitch") and not t.get("shim_active"):

@@ -392,6 +392,12 @@ def main():
     result["torch_peak_reserved_bytes"] = torch_res
     if st:
         result["shim_stats"] = st
+    if st and result.get("mempool_peak_reserved_bytes") is not None:
+        # Under the shim the default pool's high-water mark is the driver's own plus the pool's
+        # (preload/src/hooks_mempool.cpp): what is left is memory that reached the driver's pool
+        # past the hooks, on top of the pool's figure below (an upper bound: two marks added).
+        result["driver_pool_peak_reserved_bytes"] = max(
+            0, result["mempool_peak_reserved_bytes"] - st["peak_reserved"])
     if st:
         reserved, res_src = st["peak_reserved"], "gpustitch_get_stats.peak_reserved"
         if torch_alloc:
