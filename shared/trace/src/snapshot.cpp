@@ -427,7 +427,9 @@ bool SnapshotRequests::request(int pid, const std::string& out_path, unsigned ti
 
 bool SnapshotRequests::poll(const std::function<SnapshotData()>& make_data) noexcept {
   try {
-    static const std::string dir = directory(false);
+    // Never destroyed: the publisher thread polls until the process ends, and may still be here
+    // while exit() runs the static destructors (a function-local std::string was freed under it).
+    static const std::string& dir = *new std::string(directory(false));
     if (dir.empty()) {
       // The directory may be created after the process started: look again, cheaply.
       std::string now = directory(false);

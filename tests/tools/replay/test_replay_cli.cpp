@@ -125,7 +125,8 @@ TEST(ReplayCli, ExplainPeakAccountsForEveryReservedByte) {
                             " --policy pytorch,gpustitch,gpustitch-no-stitch --json",
                         &rc);
   ASSERT_EQ(rc, 0) << out;
-  for (const auto& p : nlohmann::json::parse(out)["policies"]) {
+  const auto report = nlohmann::json::parse(out);
+  for (const auto& p : report["policies"]) {
     if (p["policy"] == "pytorch") {
       EXPECT_FALSE(p.contains("peak_live_bytes")) << p;
       continue;
