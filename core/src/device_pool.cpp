@@ -345,6 +345,7 @@ Block* DevicePool::take_from(LargeHeap& heap, FreeSet& set, std::size_t rounded,
     fq_remove(b);
   }
   b->state = BlockState::allocated;
+  heap.note_live(b);
   note_free_changed();
   return b;
 }

@@ -228,6 +228,7 @@ void DevicePool::park(Arena& a, Block* b) noexcept {
 // once fenced, and splittable and stitchable like any pending block.
 void DevicePool::to_device_pending(Block* b) noexcept {
   b->arena_owned = false;
+  heap_.note_dead(b);
   b->state = BlockState::pending;
   stats_.bytes_pending += b->size;
   if (b->stream == kAnyStream) {

@@ -28,7 +28,8 @@ class LargeHeap {
     std::size_t min_handle = 2 * MiB;
     std::size_t max_fresh_handles = 64;
     std::size_t max_handle = SIZE_MAX;
-    // And none above 1/handle_share of the physical memory the heap holds (0: no such bound).
+    // And none above 1/handle_share of the physical memory the heap holds outside very large
+    // live blocks (0: no such bound; large_heap.cpp: which blocks, and why).
     std::size_t handle_share = 0;
     bool move = true;  // back requests with idle handles moved from elsewhere
     // PyTorch's max_split_size_mb: free blocks at least this large serve only requests at least
@@ -71,6 +72,15 @@ class LargeHeap {
   void absorb_next(Block* b) noexcept { space_.absorb_next(b); }
   // b becomes free: merged with free neighbours and indexed by size.
   void make_free(Block* b) noexcept;
+  // b's state became allocated (note_live) or is about to stop being allocated (note_dead), where
+  // the caller changed it: what handle_share leaves out follows the very large live blocks.
+  void note_live(const Block* b) noexcept {
+    if (b->size >= share_exempt_) exempt_live_ += b->size;
+  }
+  void note_dead(const Block* b) noexcept {
+    if (b->size >= share_exempt_) exempt_live_ -= b->size;
+  }
+  std::size_t exempt_live_bytes() const noexcept { return exempt_live_; }
 
   // The miss path: a block of `rounded` bytes placed where it needs the least new physical
   // memory, backed by spare handles, idle handles moved from free blocks elsewhere (Options::move)
@@ -134,6 +144,8 @@ class LargeHeap {
   std::vector<Handle*> candidates_;  // scratch, capacity kept
   std::vector<Handle*> chosen_;      // scratch, capacity kept
   std::size_t handles_released_ = 0;
+  std::size_t share_exempt_ = SIZE_MAX;       // live blocks this large are left out of handle_share
+  std::size_t exempt_live_ = 0;               // bytes in allocated blocks of share_exempt_ and more
   std::size_t device_handle_cap_ = SIZE_MAX;  // 1/1024 of the device (init)
 };
 

@@ -129,15 +129,56 @@ TEST(Pool, SmallHeapsGetSmallHandles) {
     EXPECT_EQ(pool.allocate(0, size, kAnyStream, p), Status::ok);
     return dev.sim->calls(SimOp::create) - before;
   };
-  DevPtr a = 0, b = 0, c = 0;
+  DevPtr a = 0, c = 0;
   ASSERT_EQ(creates_for(32 * MiB, &a), 16u) << "an empty heap: 16 handles of 2 MiB";
-  EXPECT_EQ(creates_for(4 * GiB, &b), 410u) << "10 MiB handles (max_handle_mb)";
+  // 4 GiB in blocks below the size that handle_share leaves out (next test).
+  std::vector<DevPtr> large(4);
+  for (DevPtr& p : large) EXPECT_EQ(creates_for(1 * GiB, &p), 103u) << "10 MiB (max_handle_mb)";
   EXPECT_EQ(creates_for(100 * MiB, &c), 10u) << "a large heap: 10 MiB handles";
-  for (DevPtr p : {a, b, c}) {
+  std::vector<DevPtr> all = large;
+  all.push_back(a);
+  all.push_back(c);
+  for (DevPtr p : all) {
     stamp(dev, p, 32 * MiB, p);
     EXPECT_TRUE(check(dev, p, 32 * MiB, p));
   }
-  for (DevPtr p : {a, b, c}) ASSERT_EQ(pool.deallocate(p), Status::ok);
+  for (DevPtr p : all) ASSERT_EQ(pool.deallocate(p), Status::ok);
+  EXPECT_EQ(pool.validate(0), "");
+}
+
+// A very large live block (handle_share x max_handle_mb, 1.25 GiB, or more: a preallocated KV
+// cache, a flat parameter buffer) is left out of the bytes handle_share divides: alone it would
+// make every later handle 10 MiB, pinning more of them, while it pins nothing of its own. Once it
+// is freed its memory counts again.
+TEST(Pool, VeryLargeLiveBlocksDoNotMakeLaterHandlesLarge) {
+  TestDevice dev = make_test_device({.capacity = 1024 * GiB});
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend's call counters";
+  Pool pool(*dev.backend, inline_config());
+  auto creates_for = [&](std::size_t size, DevPtr* p) {
+    const auto before = dev.sim->calls(SimOp::create);
+    EXPECT_EQ(pool.allocate(0, size, kAnyStream, p), Status::ok);
+    EXPECT_EQ(pool.validate(0), "");
+    return dev.sim->calls(SimOp::create) - before;
+  };
+  DevPtr huge = 0, a = 0, b = 0;
+  ASSERT_EQ(creates_for(4 * GiB, &huge), 410u);
+  EXPECT_EQ(creates_for(32 * MiB, &a), 16u) << "2 MiB handles, as in an empty heap";
+  stamp(dev, huge, 4 * GiB, 3);
+  stamp(dev, a, 32 * MiB, 4);
+  // Freed, its memory counts again: refilled by blocks below the threshold, the heap holds
+  // 4 GiB of ordinary live memory, and the next fresh 32 MiB comes in 10 MiB handles.
+  ASSERT_EQ(pool.deallocate(huge), Status::ok);
+  pool.drain_pending(0);
+  EXPECT_EQ(pool.validate(0), "");
+  std::vector<DevPtr> fill(4);
+  for (DevPtr& p : fill) EXPECT_EQ(creates_for(1 * GiB, &p), 0u) << "the freed 4 GiB, reused";
+  EXPECT_EQ(creates_for(32 * MiB, &b), 4u) << "10 + 10 + 10 + 2 MiB";
+  EXPECT_TRUE(check(dev, a, 32 * MiB, 4));
+  stamp(dev, b, 32 * MiB, 5);
+  EXPECT_TRUE(check(dev, b, 32 * MiB, 5));
+  fill.push_back(a);
+  fill.push_back(b);
+  for (DevPtr p : fill) ASSERT_EQ(pool.deallocate(p), Status::ok);
   EXPECT_EQ(pool.validate(0), "");
 }
 
