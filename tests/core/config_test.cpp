@@ -102,13 +102,13 @@ TEST(Config, HandleSizeKeys) {
   EXPECT_EQ(bad.config.max_handle, 10 * MiB) << "a rejected value leaves the default";
 }
 
-TEST(Config, DriverPoolReleaseIsOffByDefault) {
-  EXPECT_FALSE(parse_config("").config.driver_pool_release);
-  EXPECT_TRUE(parse_config("driver_pool_release:on").config.driver_pool_release);
+TEST(Config, DriverPoolReleaseIsOnByDefault) {
+  EXPECT_TRUE(parse_config("").config.driver_pool_release);
+  EXPECT_FALSE(parse_config("driver_pool_release:off").config.driver_pool_release);
   auto bad = parse_config("driver_pool_release:sometimes");
   ASSERT_EQ(bad.errors.size(), 1u);
   EXPECT_NE(bad.errors[0].find("driver_pool_release"), std::string::npos);
-  EXPECT_FALSE(bad.config.driver_pool_release);
+  EXPECT_TRUE(bad.config.driver_pool_release) << "a bad value keeps the default";
 }
 
 TEST(Config, ProgramVmmServesByDefaultAndCanOnlyCount) {

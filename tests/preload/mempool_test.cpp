@@ -211,14 +211,14 @@ TEST_F(MemPoolHooks, OtherPoolsAttributesAndBadArgumentsPassThrough) {
 }
 
 // PyTorch's cudaMallocAsync backend raises the default pool's release threshold to the maximum.
-// With driver_pool_release:on (ctest runs this test again so) the program reads back its own
-// value, by either API, but the driver's stays 0, so memory that reaches the driver's pool past
-// the hooks goes back at the next synchronisation; off (the default), the driver holds what was
-// set. A pool of the program's own keeps the threshold it is given, and a bad argument gets the
-// native error.
+// With driver_pool_release:on (the default) the program reads back its own value, by either API,
+// but the driver's stays 0, so memory that reaches the driver's pool past the hooks goes back at
+// the next synchronisation; off (ctest runs this test again so), the driver holds what was set. A
+// pool of the program's own keeps the threshold it is given, and a bad argument gets the native
+// error.
 TEST_F(MemPoolHooks, DriverPoolReleaseHoldsTheDriversThresholdAtZero) {
   const char* conf = std::getenv("GPUSTITCH_CONF");
-  const bool on = conf != nullptr && std::strstr(conf, "driver_pool_release:on") != nullptr;
+  const bool on = conf == nullptr || std::strstr(conf, "driver_pool_release:off") == nullptr;
   auto held = [&](std::uint64_t set) { return on ? 0 : set; };
   std::uint64_t max = ~0ull;
   ASSERT_EQ(cudaMemPoolSetAttribute(pool_, kReleaseThreshold, &max), kSuccess);
