@@ -228,7 +228,7 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
     // wait for the device rather than grow the pool by what is about to come back anyway.
     // Stream-ordered allocations (cudaMallocAsync) never make the host wait.
     if (stream == kAnyStream && fq_head_ != nullptr && stats_.bytes_pending >= rounded &&
-        stats_.bytes_pending * 8 >= stats_.bytes_reserved) {
+        stats_.bytes_pending * 8 >= working_reserved()) {
       fence_locked();
       if (cached()) return Status::ok;
     }
@@ -241,7 +241,8 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
     }
   }
   // Before fresh memory is taken for a cudaMalloc, memory waiting for its fence that could
-  // cover it is waited for, once it is more than 1/64 of the pool: on the H200, GPT training with
+  // cover it is waited for, once it is more than 1/64 of the pool (outside very large live
+  // blocks: working_reserved): on the H200, GPT training with
   // PyTorch's cache off held 0.5-1.5 GiB more at its peak when it grew instead (18.6 GiB with
   // every miss fenced, 19.1-19.8 GiB without). Idle memory elsewhere is moved first (no fresh
   // memory, no wait); a stream-ordered allocation never waits.
@@ -251,7 +252,7 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
   // NCCL kernel waiting for a peer that waits for this allocation) must not deadlock. The caller
   // waits for the reclaimer's fence without the locks (wait_for_reclaimer) and retries.
   if ((stream == kAnyStream || config_.stream_miss_fence) && fq_head_ != nullptr &&
-      stats_.bytes_pending >= rounded / 2 && stats_.bytes_pending * 64 >= stats_.bytes_reserved) {
+      stats_.bytes_pending >= rounded / 2 && stats_.bytes_pending * 64 >= working_reserved()) {
     if (grow_heap(rounded, out, outcome, /*fresh=*/false)) return Status::ok;
     if (stream == kAnyStream || fence_is_cheap(last_fence_ns_.load(std::memory_order_relaxed))) {
       fence_locked();

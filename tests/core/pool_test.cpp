@@ -318,10 +318,13 @@ TEST(Pool, UnfencedFreeIsNotReusedWhileTheDeviceIsBusy) {
   if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
   Config c;  // background reclaimer on
   Pool pool(*dev.backend, c);
-  DevPtr a = 0, b = 0, s1 = 0, s2 = 0, resident = 0;
+  DevPtr a = 0, b = 0, s1 = 0, s2 = 0;
   // A resident 4 GiB keeps the pending share small (under 1/64), so the pool takes fresh memory
   // instead of waiting (see PendingShareMakesTheAllocationWaitInsteadOfGrowing for the other case).
-  ASSERT_EQ(pool.allocate(0, 4 * GiB, kAnyStream, &resident), Status::ok);
+  // In 1 GiB blocks: a single block of handle_share x max_handle_mb (1.25 GiB) or more would not
+  // count in that share (StreamOrderedMissWaitsForPendingMemoryInsteadOfGrowing).
+  DevPtr resident[4] = {};
+  for (DevPtr& r : resident) ASSERT_EQ(pool.allocate(0, 1 * GiB, kAnyStream, &r), Status::ok);
   dev.sim->hold_device(true);  // kernels still running: fences cannot complete
   ASSERT_EQ(pool.allocate(0, 32 * MiB, kAnyStream, &a), Status::ok);
   ASSERT_EQ(pool.deallocate(a), Status::ok);
@@ -399,9 +402,14 @@ TEST(Pool, PendingAboveA64thIsFencedBeforeFreshMemory) {
 // with the rule against 15.0-16.0 GB without (tools/gpu/memory_compare.sh). The wait is bounded:
 // a device that never finishes costs one allocation the bound, then fresh memory, and the next
 // allocations do not wait at all until that fence completes (a device waiting for the host).
+// A very large live block allocated first (the end-to-end benchmark's 115 GiB balloon) does not
+// count in how much of the pool waits: with it counted, GPT training on the H200 never waited and
+// held 18.9-19.0 GiB instead of 18.3.
 TEST(Pool, StreamOrderedMissWaitsForPendingMemoryInsteadOfGrowing) {
-  enum class Device { finishes, never_finishes, rule_off };
-  for (Device mode : {Device::finishes, Device::never_finishes, Device::rule_off}) {
+  enum class Device { finishes, finishes_behind_a_huge_block, never_finishes, rule_off };
+  for (Device mode : {Device::finishes, Device::finishes_behind_a_huge_block,
+                      Device::never_finishes, Device::rule_off}) {
+    const bool finishes = mode == Device::finishes || mode == Device::finishes_behind_a_huge_block;
     // 10 ms fences: the device looks busy, so no fence under the lock.
     SimOptions slow_fences;
     slow_fences.call_ns[static_cast<std::size_t>(SimOp::synchronize)] = 10'000'000;
@@ -411,7 +419,10 @@ TEST(Pool, StreamOrderedMissWaitsForPendingMemoryInsteadOfGrowing) {
     c.stream_miss_fence = mode != Device::rule_off;
     Pool pool(*dev.backend, c);
     const Stream s1 = 0x3000, s2 = 0x4000;
-    DevPtr resident = 0, a = 0, b = 0;
+    DevPtr huge = 0, resident = 0, a = 0, b = 0;
+    if (mode == Device::finishes_behind_a_huge_block) {
+      ASSERT_EQ(pool.allocate(0, 8 * GiB, s1, &huge), Status::ok);  // 64 x the 64 MiB below
+    }
     ASSERT_EQ(pool.allocate(0, 512 * MiB, s1, &resident), Status::ok);
     ASSERT_EQ(pool.allocate(0, 64 * MiB, s1, &a), Status::ok);
     ASSERT_EQ(pool.deallocate(a, s1), Status::ok);
@@ -422,7 +433,7 @@ TEST(Pool, StreamOrderedMissWaitsForPendingMemoryInsteadOfGrowing) {
     ASSERT_EQ(pool.deallocate(a, s1), Status::ok);
     std::atomic<bool> released{false};
     std::thread device;
-    if (mode == Device::finishes) {
+    if (finishes) {
       device = std::thread([&] {
         std::this_thread::sleep_for(std::chrono::milliseconds(30));  // past the old 20 ms bound
         released = true;
@@ -430,7 +441,7 @@ TEST(Pool, StreamOrderedMissWaitsForPendingMemoryInsteadOfGrowing) {
       });
     }
     ASSERT_EQ(pool.allocate(0, 64 * MiB, s2, &b), Status::ok);
-    if (mode == Device::finishes) {
+    if (finishes) {
       EXPECT_TRUE(released) << "reused before the device finished";
       EXPECT_EQ(a, b);
       EXPECT_EQ(pool.stats(0).fresh, fresh_before) << "fresh memory while 64 MiB waited";
@@ -453,6 +464,9 @@ TEST(Pool, StreamOrderedMissWaitsForPendingMemoryInsteadOfGrowing) {
     }
     ASSERT_EQ(pool.deallocate(b, s2), Status::ok);
     ASSERT_EQ(pool.deallocate(resident, s1), Status::ok);
+    if (huge != 0) {
+      ASSERT_EQ(pool.deallocate(huge, s1), Status::ok);
+    }
     pool.drain_pending(0);
     EXPECT_EQ(pool.validate(0), "");
   }
