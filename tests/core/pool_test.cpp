@@ -117,6 +117,15 @@ TEST(Pool, FreshHandlesAreAtMostMaxHandleMb) {
   }
 }
 
+// Allocates `size` with cudaFree semantics and returns the handles the pool created for it; the
+// pool's invariants hold afterwards.
+static std::uint64_t handles_created(TestDevice& dev, Pool& pool, std::size_t size, DevPtr* p) {
+  const auto before = dev.sim->calls(SimOp::create);
+  EXPECT_EQ(pool.allocate(0, size, kAnyStream, p), Status::ok);
+  EXPECT_EQ(pool.validate(0), "");
+  return dev.sim->calls(SimOp::create) - before;
+}
+
 // A small heap's handles are small (handle_share: at most 1/128 of what the heap will hold, but
 // at most 16 per fresh range), so that what a live block pins stays a small share of it; a large
 // heap's reach max_handle_mb. The memory a small program frees then moves piece by piece.
@@ -125,9 +134,7 @@ TEST(Pool, SmallHeapsGetSmallHandles) {
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend's call counters";
   Pool pool(*dev.backend, inline_config());
   auto creates_for = [&](std::size_t size, DevPtr* p) {
-    const auto before = dev.sim->calls(SimOp::create);
-    EXPECT_EQ(pool.allocate(0, size, kAnyStream, p), Status::ok);
-    return dev.sim->calls(SimOp::create) - before;
+    return handles_created(dev, pool, size, p);
   };
   DevPtr a = 0, c = 0;
   ASSERT_EQ(creates_for(32 * MiB, &a), 16u) << "an empty heap: 16 handles of 2 MiB";
@@ -155,10 +162,7 @@ TEST(Pool, VeryLargeLiveBlocksDoNotMakeLaterHandlesLarge) {
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend's call counters";
   Pool pool(*dev.backend, inline_config());
   auto creates_for = [&](std::size_t size, DevPtr* p) {
-    const auto before = dev.sim->calls(SimOp::create);
-    EXPECT_EQ(pool.allocate(0, size, kAnyStream, p), Status::ok);
-    EXPECT_EQ(pool.validate(0), "");
-    return dev.sim->calls(SimOp::create) - before;
+    return handles_created(dev, pool, size, p);
   };
   DevPtr huge = 0, a = 0, b = 0;
   ASSERT_EQ(creates_for(4 * GiB, &huge), 410u);
