@@ -72,8 +72,8 @@ DevicePool::DevicePool(Backend& backend, const Config& config, int device, PoolO
       config_(config),
       device_(device),
       observer_(observer),
-      heap_(backend, device, heap_options(backend, config, device)),
-      chunks_(backend, device, chunk_heap_options(backend, device)),
+      heap_(backend, device, heap_options(backend, config, device), observer),
+      chunks_(backend, device, chunk_heap_options(backend, device), observer),
       reclaimer_([this] { return fence_pass(); }) {
   granularity_ = backend_.granularity(device_);
   std::size_t free = 0, total = 0;
@@ -345,8 +345,7 @@ Block* DevicePool::take_from(LargeHeap& heap, FreeSet& set, std::size_t rounded,
     stats_.bytes_pending -= b->size;  // b's share; the remainder stays pending
     fq_remove(b);
   }
-  b->state = BlockState::allocated;
-  heap.note_live(b);
+  heap.mark_allocated(b);
   note_free_changed();
   return b;
 }

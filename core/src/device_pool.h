@@ -100,7 +100,7 @@ class DevicePool final {
   // fresh false: only spare and moved handles, no fresh memory.
   bool grow_heap(std::size_t rounded, Block** out, Outcome* outcome, bool fresh = true) noexcept;
   std::size_t fresh_allowance() const noexcept;  // bytes the cap still allows
-  // What the pool holds outside very large live blocks (LargeHeap::note_live): the base of the
+  // What the pool holds outside very large live blocks (LargeHeap::mark_allocated): the base of the
   // "how much is waiting for a fence" ratios. A 115 GiB block allocated first (the end-to-end
   // benchmark's balloon) otherwise kept pending memory below 1/64 of reserved for the whole run,
   // so no miss waited for it and the pool grew instead: GPT training held 18.9-19.0 GiB on the

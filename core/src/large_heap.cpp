@@ -96,8 +96,13 @@ DevPtr align_down(DevPtr v, std::size_t a) {
 }
 }  // namespace
 
-LargeHeap::LargeHeap(Backend& backend, int device, const Options& options) noexcept
-    : options_(options), space_(backend, device, options.granularity), backing_(backend, device) {
+LargeHeap::LargeHeap(Backend& backend, int device, const Options& options,
+                     PoolObserver* observer) noexcept
+    : options_(options),
+      device_(device),
+      observer_(observer),
+      space_(backend, device, options.granularity),
+      backing_(backend, device) {
   try {
     candidates_.reserve(kMaxCandidates);
     chosen_.reserve(256);
@@ -222,6 +227,7 @@ void LargeHeap::unmap_all(Handle* const* hs, std::size_t n) noexcept {
     if (u->size > hs[i]->size) space_.split(u, hs[i]->size);
     space_.clear_unbacked(u);
     make_free(u);
+    note_segment(hs[i]->at, hs[i]->size, true);
   }
 }
 
@@ -313,6 +319,7 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
   // not unmap stays where it is, and fresh memory stands in for it if the allowance permits.
   std::size_t covered = 0;
   const std::size_t moved_end = spares_used + moved;  // chosen_[spares_used, moved_end): idle ones
+  DevPtr run_lo = 0, run_hi = 0;  // places unmapped side by side: one segment_unmap for them
   for (std::size_t i = 0; i < chosen_.size(); ++i) {
     Handle* h = chosen_[i];
     if (i >= spares_used && i < moved_end) {
@@ -325,12 +332,18 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
         continue;
       }
       carve(&old);
+      if (old.at != run_hi) {
+        note_segment(run_lo, run_hi - run_lo, false);
+        run_lo = old.at;
+      }
+      run_hi = old.at + old.size;
       growth->moved_bytes += h->size;
     } else if (i < spares_used) {
       growth->moved_bytes += h->size;
     }
     covered += h->size;
   }
+  note_segment(run_lo, run_hi - run_lo, false);
   std::erase(chosen_, nullptr);
   if (covered < need) {
     const std::size_t missing = need - covered;
@@ -364,6 +377,7 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
     if (u->size > need) space_.split(u, need);
     space_.clear_unbacked(u);
     make_free(u);
+    note_segment(w.gap_lo, need, true);
   }
   Block* b = space_.block_at(w.start);
   free_.erase(free_.iterator_to(*b));
@@ -373,8 +387,7 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
     b = rest;
   }
   if (b->size > rounded) free_.insert(*space_.split(b, rounded));
-  b->state = BlockState::allocated;
-  note_live(b);
+  mark_allocated(b);
   for (std::size_t i = chosen_.size() - created; i < chosen_.size(); ++i) {
     growth->fresh_bytes += chosen_[i]->size;
   }
@@ -436,6 +449,7 @@ std::size_t LargeHeap::release_one(std::size_t wanted) noexcept {
   probe.size = best->size;
   if (backing_.unmap(best) != Status::ok) return 0;
   carve(&probe);
+  note_segment(probe.at, probe.size, false);
   const std::size_t before = backing_.held_bytes();
   backing_.release(best);
   ++handles_released_;

@@ -15,6 +15,7 @@
 
 #include "address_space.h"
 #include "backing.h"
+#include "gpustitch/stats.h"
 
 namespace gpustitch::detail {
 
@@ -57,7 +58,10 @@ class LargeHeap {
                             boost::intrusive::member_hook<Block, AddressHook, &Block::free_hook>,
                             boost::intrusive::compare<BySize>>;
 
-  LargeHeap(Backend& backend, int device, const Options& options) noexcept;
+  // observer, if set, hears of every change to what is mapped (PoolObserver::on_segment), under
+  // the caller's lock; it is the only thing the heap tells anyone.
+  LargeHeap(Backend& backend, int device, const Options& options,
+            PoolObserver* observer = nullptr) noexcept;
   Status init(std::size_t device_total) noexcept;  // reserves the first span
 
   bool contains(DevPtr ptr) const noexcept { return space_.contains(ptr); }
@@ -72,9 +76,11 @@ class LargeHeap {
   void absorb_next(Block* b) noexcept { space_.absorb_next(b); }
   // b becomes free: merged with free neighbours and indexed by size.
   void make_free(Block* b) noexcept;
-  // b's state became allocated (note_live) or is about to stop being allocated (note_dead), where
-  // the caller changed it: what handle_share leaves out follows the very large live blocks.
-  void note_live(const Block* b) noexcept {
+  // b becomes allocated (mark_allocated) or is about to stop being allocated (note_dead, where
+  // the caller changes its state): what handle_share leaves out follows the very large live
+  // blocks.
+  void mark_allocated(Block* b) noexcept {
+    b->state = BlockState::allocated;
     if (b->size >= share_exempt_) exempt_live_ += b->size;
   }
   void note_dead(const Block* b) noexcept {
@@ -136,8 +142,13 @@ class LargeHeap {
   // Blocks and handles to undo a partly mapped window.
   void unmap_all(Handle* const* hs, std::size_t n) noexcept;
   bool idle(const Handle* h) const noexcept;
+  void note_segment(DevPtr ptr, std::size_t size, bool mapped) const noexcept {
+    if (observer_ != nullptr && size != 0) observer_->on_segment(device_, ptr, size, mapped);
+  }
 
   Options options_;
+  int device_;
+  PoolObserver* observer_;
   AddressSpace space_;
   Backing backing_;
   FreeSet free_;

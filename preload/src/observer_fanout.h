@@ -57,6 +57,12 @@ class ObserverFanout final : public PoolObserver {
     int n = count_.load(std::memory_order_acquire);
     for (int i = 0; i < n; ++i) slots_[i].load(std::memory_order_relaxed)->on_event(event);
   }
+  void on_segment(int device, DevPtr ptr, std::size_t size, bool mapped) noexcept override {
+    int n = count_.load(std::memory_order_acquire);
+    for (int i = 0; i < n; ++i) {
+      slots_[i].load(std::memory_order_relaxed)->on_segment(device, ptr, size, mapped);
+    }
+  }
 
  private:
   std::atomic<PoolObserver*> slots_[kMaxObservers] = {};

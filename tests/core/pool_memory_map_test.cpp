@@ -187,3 +187,110 @@ TEST(PoolMemoryMap, AgreesWithTheLiveSetAndStatisticsThroughoutARandomRun) {
     EXPECT_EQ(t.requested, s.bytes_requested) << "step " << step;
   }
 }
+
+namespace {
+
+// What the segment events (PoolObserver::on_segment) say is mapped: every map must be of unmapped
+// address space, every unmap of mapped address space, in the order they come.
+struct SegmentTracker : PoolObserver {
+  std::map<DevPtr, DevPtr> mapped;  // lo -> hi, touching ranges merged
+  std::size_t maps = 0, unmaps = 0;
+  std::string error;
+  void on_segment(int device, DevPtr ptr, std::size_t size, bool is_map) noexcept override {
+    if (device != 0 || size == 0) error = "segment event of device " + std::to_string(device);
+    const DevPtr lo = ptr, hi = ptr + size;
+    auto it = mapped.upper_bound(lo);
+    if (is_map) {
+      ++maps;
+      if ((it != mapped.end() && it->first < hi) ||
+          (it != mapped.begin() && std::prev(it)->second > lo)) {
+        error = "segment_map of a mapped range";
+        return;
+      }
+      DevPtr nlo = lo, nhi = hi;
+      if (it != mapped.end() && it->first == hi) {
+        nhi = it->second;
+        it = mapped.erase(it);
+      }
+      if (it != mapped.begin() && std::prev(it)->second == lo) {
+        nlo = std::prev(it)->first;
+        mapped.erase(std::prev(it));
+      }
+      mapped[nlo] = nhi;
+    } else {
+      ++unmaps;
+      if (it == mapped.begin() || std::prev(it)->second < hi) {
+        error = "segment_unmap of a range not mapped";
+        return;
+      }
+      auto in = std::prev(it);
+      const DevPtr ilo = in->first, ihi = in->second;
+      mapped.erase(in);
+      if (ilo < lo) mapped[ilo] = lo;
+      if (hi < ihi) mapped[hi] = ihi;
+    }
+  }
+};
+
+// The union of the memory map's segments, touching ones merged.
+std::map<DevPtr, DevPtr> ranges_of(const std::vector<MappedSegment>& segments) {
+  std::map<DevPtr, DevPtr> r;
+  for (const auto& s : segments) r[s.base] = s.base + s.size;
+  std::map<DevPtr, DevPtr> merged;
+  for (const auto& [lo, hi] : r) {
+    if (!merged.empty() && std::prev(merged.end())->second == lo) {
+      std::prev(merged.end())->second = hi;
+    } else {
+      merged[lo] = hi;
+    }
+  }
+  return merged;
+}
+
+}  // namespace
+
+// A snapshot's timeline replays the segment events backwards from the memory map (memory_viz's
+// Allocator State History): they must add up, at every step, to exactly what the map shows as
+// mapped, through growth, moves (stitching), small-object chunks and trims.
+TEST(PoolMemoryMap, SegmentEventsAddUpToWhatIsMapped) {
+  for (const bool map_offset : {false, true}) {
+    SCOPED_TRACE(map_offset ? "driver maps at an offset" : "whole handles");
+    TestDevice dev = make_test_device({.capacity = 1 * GiB, .map_offset = map_offset});
+    if (dev.sim == nullptr) GTEST_SKIP();
+    SegmentTracker tracker;
+    Config c = inline_config();
+    c.segment_size = 8 * MiB;
+    Pool pool(*dev.backend, c, &tracker);
+    std::mt19937_64 rng(7);
+    std::map<DevPtr, std::size_t> live;
+    std::map<DevPtr, Stream> stream_of;
+    std::size_t stitches_seen = 0;
+    for (int step = 0; step < 2000; ++step) {
+      const bool alloc = live.empty() || (live.size() < 60 && rng() % 3 != 0);
+      if (alloc) {
+        std::size_t size = rng() % 3 == 0 ? 1 + rng() % (96 * MiB) : 1 + rng() % (512 * 1024);
+        Stream stream = rng() % 2 ? kAnyStream : 0x100 + rng() % 3;
+        DevPtr p = 0;
+        if (pool.allocate(0, size, stream, &p) == Status::ok) {
+          live[p] = size;
+          stream_of[p] = stream;
+        }
+      } else {
+        auto it = live.begin();
+        std::advance(it, static_cast<long>(rng() % live.size()));
+        ASSERT_EQ(pool.deallocate(it->first, stream_of[it->first]), Status::ok);
+        stream_of.erase(it->first);
+        live.erase(it);
+      }
+      if (step % 97 == 0) pool.trim(0);
+      ASSERT_EQ(tracker.error, "") << "step " << step;
+      if (step % 5 != 0) continue;
+      ASSERT_EQ(tracker.mapped, ranges_of(map_of(pool))) << "step " << step;
+      stitches_seen = pool.stats(0).stitches;
+    }
+    pool.trim(0);
+    ASSERT_EQ(tracker.mapped, ranges_of(map_of(pool)));
+    EXPECT_GT(tracker.unmaps, 0u);
+    EXPECT_GT(stitches_seen, 0u) << "the workload must move memory for the test to mean much";
+  }
+}

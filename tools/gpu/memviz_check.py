@@ -15,8 +15,10 @@ torch.cuda._memory_viz:
 
   structure     the repository's snapshot check (tests/shared/trace/check_snapshot.py) passes;
                 device_traces has at least as many allocations as the workload made, time_us is
-                microseconds since the epoch within this run, and with sites sampled some
-                allocations carry frames
+                microseconds since the epoch within this run, with sites sampled some
+                allocations carry frames, the pool's growth is there as segment_map entries,
+                and the timeline replays backwards from the segments as memory_viz's
+                Allocator State History does (check_snapshot.history_error)
   stats         _memory_viz.segsum() (the `stats` action) runs its own consistency asserts and
                 reports the pool's segments and reserved bytes
   trace         _memory_viz.trace() (the text timeline) lists the allocations ("Device 0", one
@@ -119,11 +121,13 @@ def check_snapshot_file(path, viz, workload_allocs, started_us, sampled, out_dir
         allocs = s["actions"].get("alloc", 0)
         first, last = s["time_us"] if s["time_us"] else (0, 0)
         now_us = time.time() * 1e6
+        history = check_snapshot.history_error(snap)
         ok = (allocs >= workload_allocs and started_us - 1e6 <= first <= last <= now_us + 1e6
-              and (s["trace_frames"] > 0 or not sampled))
+              and (s["trace_frames"] > 0 or not sampled)
+              and s["actions"].get("segment_map", 0) > 0 and history is None)
         return {"pass": ok, "segments": s["segments"], "blocks": s["blocks"], "allocs": allocs,
                 "actions": s["actions"], "trace_frames": s["trace_frames"],
-                "time_us": s["time_us"]}
+                "time_us": s["time_us"], "history_error": history}
 
     def stats():
         text = viz.segsum(snap)  # asserts its own free + allocated == reserved

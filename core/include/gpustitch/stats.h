@@ -93,6 +93,15 @@ class PoolObserver {
     (void)device, (void)ptr, (void)size, (void)stream;
   }
   virtual void on_event(const PoolEvent& event) noexcept { (void)event; }
+  // Physical memory was mapped into (mapped) or unmapped from (!mapped) [ptr, ptr + size) of the
+  // device's address space: the segment_map / segment_unmap entries of a memory snapshot's
+  // timeline. Unlike the callbacks above this one runs under the device's lock, so that the
+  // order observers see is the order the mappings changed (a snapshot replays it backwards from
+  // the pool's memory map, memory_map.h): it must be wait-free, allocate nothing and not call
+  // into the pool. It comes only on growth, moves and releases, never on a cache hit.
+  virtual void on_segment(int device, DevPtr ptr, std::size_t size, bool mapped) noexcept {
+    (void)device, (void)ptr, (void)size, (void)mapped;
+  }
 };
 
 }  // namespace gpustitch

@@ -3,6 +3,8 @@
 
 #include <time.h>
 
+#include <iterator>
+#include <map>
 #include <new>
 #include <string>
 #include <unordered_map>
@@ -63,6 +65,11 @@ void RecentEvents::on_event(const PoolEvent& event) noexcept {
          event.time_ns / 1000u);
 }
 
+void RecentEvents::on_segment(int device, DevPtr ptr, std::size_t size, bool mapped) noexcept {
+  record(mapped ? RecentEvent::Action::segment_map : RecentEvent::Action::segment_unmap, device,
+         ptr, size, kAnyStream, 0, epoch_microseconds());
+}
+
 std::vector<RecentEvent> RecentEvents::read() const {
   const std::uint64_t head = head_.load(std::memory_order_acquire);
   const std::uint64_t first = head > capacity_ ? head - capacity_ : 0;
@@ -82,7 +89,7 @@ std::vector<RecentEvent> RecentEvents::read() const {
     std::atomic_thread_fence(std::memory_order_acquire);
     if (s.seq.load(std::memory_order_relaxed) != want) continue;  // overwritten while read
     const auto action = static_cast<std::uint8_t>(meta & 0xff);
-    if (action < 1 || action > 3) continue;
+    if (action < 1 || action > 5) continue;
     e.action = static_cast<RecentEvent::Action>(action);
     e.device = static_cast<int>(static_cast<std::uint32_t>(meta >> 8));
     if (e.action == RecentEvent::Action::alloc) e.site = extra;
@@ -114,10 +121,71 @@ std::unique_ptr<RecentEvents> make_recent_events(const Config& config, SiteOfAll
   }
 }
 
+namespace {
+
+// The segment events that the snapshot's segments bear out: replayed backwards from them, as
+// memory_viz's Allocator State History does, a segment_map must find its range mapped (it is
+// taken out), a segment_unmap must find its range unmapped (it is put back). keep[i] says
+// whether events[i] stays; events other than segment events always do.
+std::vector<bool> consistent_segment_events(const std::vector<RecentEvent>& events,
+                                            const SnapshotData& data) {
+  std::vector<bool> keep(events.size(), true);
+  std::unordered_map<int, std::map<std::uint64_t, std::uint64_t>> mapped;  // device: lo -> hi
+  for (const SnapshotSegment& seg : data.segments) {
+    if (seg.total_size != 0) mapped[seg.device][seg.address] = seg.address + seg.total_size;
+  }
+  for (std::size_t i = events.size(); i-- > 0;) {
+    const RecentEvent& e = events[i];
+    if (e.action != RecentEvent::Action::segment_map &&
+        e.action != RecentEvent::Action::segment_unmap) {
+      continue;
+    }
+    auto& m = mapped[e.device];
+    const std::uint64_t lo = e.addr, hi = e.addr + e.size;
+    if (e.size == 0 || hi < lo) {
+      keep[i] = false;
+      continue;
+    }
+    auto it = m.upper_bound(lo);  // first interval starting after lo
+    if (e.action == RecentEvent::Action::segment_map) {
+      // Backwards: the range was not mapped before this event.
+      if (it == m.begin() || std::prev(it)->second < hi) {
+        keep[i] = false;
+        continue;
+      }
+      auto in = std::prev(it);
+      const std::uint64_t ilo = in->first, ihi = in->second;
+      m.erase(in);
+      if (ilo < lo) m[ilo] = lo;
+      if (hi < ihi) m[hi] = ihi;
+    } else {
+      // Backwards: the range was mapped before this event; it must not overlap what is mapped.
+      if ((it != m.end() && it->first < hi) || (it != m.begin() && std::prev(it)->second > lo)) {
+        keep[i] = false;
+        continue;
+      }
+      std::uint64_t nlo = lo, nhi = hi;
+      if (it != m.end() && it->first == hi) {
+        nhi = it->second;
+        it = m.erase(it);
+      }
+      if (it != m.begin() && std::prev(it)->second == lo) {
+        nlo = std::prev(it)->first;
+        m.erase(std::prev(it));
+      }
+      m[nlo] = nhi;
+    }
+  }
+  return keep;
+}
+
+}  // namespace
+
 void append_device_traces(
     const std::vector<RecentEvent>& events,
     const std::function<std::vector<SnapshotFrame>(std::uint64_t site)>& frames_of_site,
     SnapshotData* data) {
+  const std::vector<bool> keep = consistent_segment_events(events, *data);
   std::unordered_map<std::uint64_t, std::vector<SnapshotFrame>> frames_cache;
   auto frames = [&](std::uint64_t site) -> std::vector<SnapshotFrame> {
     if (site == 0 || !frames_of_site) return {};
@@ -125,8 +193,9 @@ void append_device_traces(
     if (it == frames_cache.end()) it = frames_cache.emplace(site, frames_of_site(site)).first;
     return it->second;
   };
-  for (const RecentEvent& e : events) {
-    if (e.device < 0) continue;
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    const RecentEvent& e = events[i];
+    if (e.device < 0 || !keep[i]) continue;
     auto d = static_cast<std::size_t>(e.device);
     if (d >= data->device_traces.size()) data->device_traces.resize(d + 1);
     auto& out = data->device_traces[d];
@@ -141,6 +210,12 @@ void append_device_traces(
         break;
       case RecentEvent::Action::oom:
         out.push_back({"oom", 0, e.size, stream, e.time_us, e.device_free, {}});
+        break;
+      case RecentEvent::Action::segment_map:
+        out.push_back({"segment_map", e.addr, e.size, 0, e.time_us, 0, {}});
+        break;
+      case RecentEvent::Action::segment_unmap:
+        out.push_back({"segment_unmap", e.addr, e.size, 0, e.time_us, 0, {}});
         break;
     }
   }

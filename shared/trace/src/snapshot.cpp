@@ -90,18 +90,44 @@ SnapshotData build_snapshot(const std::vector<LiveBlock>& blocks, int device_cou
 }
 
 SnapshotData build_snapshot_from_segments(
-    const std::vector<MappedSegment>& segments, int device_count,
+    const std::vector<MappedSegment>& mapped, int device_count,
     const std::function<std::vector<SnapshotFrame>(DevPtr)>& frames_for) {
   SnapshotData data;
   int devices = std::max(device_count, 1);
-  for (const auto& s : segments) devices = std::max(devices, s.device + 1);
+  for (const auto& s : mapped) devices = std::max(devices, s.device + 1);
   data.device_traces.resize(static_cast<std::size_t>(devices));
+  // Whole runs: ranges that touch become one segment (snapshot.h says why).
+  std::vector<const MappedSegment*> order;
+  order.reserve(mapped.size());
+  for (const auto& s : mapped) order.push_back(&s);
+  std::sort(order.begin(), order.end(), [](const MappedSegment* a, const MappedSegment* b) {
+    return a->device != b->device ? a->device < b->device : a->base < b->base;
+  });
+  // A run is "small" when its chunks are all it holds (free memory beside them does not count).
+  auto small_or_empty = [](const MappedSegment& s) {
+    return s.small || std::all_of(s.blocks.begin(), s.blocks.end(), [](const MappedBlock& b) {
+             return b.state == MappedBlock::State::free;
+           });
+  };
+  std::vector<MappedSegment> segments;
+  for (const MappedSegment* s : order) {
+    if (!segments.empty() && segments.back().device == s->device &&
+        segments.back().base + segments.back().size == s->base) {
+      MappedSegment& run = segments.back();
+      run.small = small_or_empty(run) && small_or_empty(*s) && (run.small || s->small);
+      run.size += s->size;
+      run.stitched = run.stitched || s->stitched;
+      run.blocks.insert(run.blocks.end(), s->blocks.begin(), s->blocks.end());
+      continue;
+    }
+    segments.push_back(*s);
+  }
   for (const auto& s : segments) {
     SnapshotSegment seg;
     seg.device = s.device;
     seg.address = s.base;
     seg.total_size = s.size;
-    seg.stream = snapshot_stream(s.stream);
+    seg.stream = 0;
     seg.is_expandable = s.stitched;
     bool all_small = true;
     for (const auto& b : s.blocks) {

@@ -4,7 +4,9 @@ documents (the one pytorch.org/memory_viz reads), then prints a JSON summary for
 
 usage: check_snapshot.py snapshot FILE   -> checks, prints {"segments": n, ...} or exits 1
        check_snapshot.py repr FILE       -> prints repr() of the unpickled object
-Importable: summarize(snapshot_dict) returns the summary and raises SnapshotError.
+Importable: summarize(snapshot_dict) returns the summary and raises SnapshotError;
+history_error(snapshot_dict) replays the timeline as memory_viz's Allocator State History does
+(None: every step can be drawn). The printed summary has it as "history_error".
 """
 import json
 import pickle
@@ -112,6 +114,89 @@ def summarize(snap):
             "time_us": [min(times), max(times)] if times else []}
 
 
+def history_error(snap):
+    """Replays every device's trace backwards from the segments, as memory_viz's "Allocator State
+    History" page does when an event is selected (MemoryView.simulate_memory in MemoryViz.js):
+    segment_unmap puts its range back, merging with touching segments of the same stream,
+    segment_map takes its range out of the one segment holding it, segment_free/segment_alloc put
+    back/take out a whole segment, free puts a block back and alloc takes it out. Returns None when
+    every step is one the page can draw, else what would break it: a segment_map whose range no
+    single segment holds, a segment_unmap or block over mapped/unmapped memory, a block outside
+    every segment."""
+    for device in range(len(snap["device_traces"])):
+        segs = sorted(([s["address"], s["total_size"], s["stream"]] for s in snap["segments"]
+                       if s["device"] == device), key=lambda x: x[0])
+        blocks = {}
+        for s in snap["segments"]:
+            if s["device"] != device:
+                continue
+            for b in s["blocks"]:
+                if b["state"] in ("active_allocated", "active_pending_free"):
+                    blocks[b["address"]] = b["size"]
+
+        def holder(lo, hi):
+            for i, (a, n, _) in enumerate(segs):
+                if a <= lo and hi <= a + n:
+                    return i
+            return None
+
+        def overlaps(lo, hi):
+            return any(a < hi and lo < a + n for a, n, _ in segs)
+
+        # annotate_snapshot: free_requested directly followed by its free_completed is one free.
+        trace = []
+        for e in snap["device_traces"][device]:
+            if (e["action"] == "free_completed" and trace and trace[-1]["action"] == "free_requested"
+                    and trace[-1]["addr"] == e["addr"]):
+                trace[-1] = dict(trace[-1], action="free")
+                continue
+            trace.append(e)
+        # Selecting event k draws the state after it: events after k are undone, never event 0.
+        for i in range(len(trace) - 1, 0, -1):
+            e = trace[i]
+            a = e["action"]
+            where = "device %d event %d (%s 0x%x+%d)" % (device, i, a, e.get("addr", 0), e["size"])
+            lo, hi = e.get("addr", 0), e.get("addr", 0) + e["size"]
+            if a in ("free", "free_completed"):
+                if holder(lo, hi) is None:
+                    return where + ": the block lies outside every segment"
+                blocks[lo] = e["size"]
+            elif a == "free_requested":
+                if lo not in blocks:
+                    return where + ": no such block"
+            elif a == "alloc":
+                blocks.pop(lo, None)
+            elif a in ("segment_unmap", "segment_free"):
+                if overlaps(lo, hi):
+                    return where + ": the range is mapped"
+                seg = [lo, e["size"], e["stream"]]
+                segs.append(seg)
+                segs.sort(key=lambda x: x[0])
+                if a == "segment_unmap":
+                    k = segs.index(seg)
+                    if k + 1 < len(segs) and hi == segs[k + 1][0] and segs[k + 1][2] == seg[2]:
+                        seg[1] += segs[k + 1][1]
+                        del segs[k + 1]
+                    if k > 0 and segs[k - 1][0] + segs[k - 1][1] == lo and segs[k - 1][2] == seg[2]:
+                        segs[k - 1][1] += seg[1]
+                        del segs[k]
+            elif a in ("segment_map", "segment_alloc"):
+                k = holder(lo, hi)
+                if k is None or (a == "segment_alloc" and segs[k][:2] != [lo, e["size"]]):
+                    return where + ": no segment holds the range"
+                s_lo, s_n, s_stream = segs[k]
+                del segs[k]
+                if s_lo < lo:
+                    segs.append([s_lo, lo - s_lo, s_stream])
+                if hi < s_lo + s_n:
+                    segs.append([hi, s_lo + s_n - hi, s_stream])
+                segs.sort(key=lambda x: x[0])
+                for b, n in blocks.items():
+                    if b < hi and lo < b + n:
+                        return where + ": block 0x%x would lie outside every segment" % b
+    return None
+
+
 def main():
     mode, path = sys.argv[1], sys.argv[2]
     with open(path, "rb") as f:
@@ -120,7 +205,9 @@ def main():
         print(repr(obj))
         return
     try:
-        print(json.dumps(summarize(obj)))
+        summary = summarize(obj)
+        summary["history_error"] = history_error(obj)
+        print(json.dumps(summary))
     except SnapshotError as e:
         print("FAIL: %s" % e)
         sys.exit(1)

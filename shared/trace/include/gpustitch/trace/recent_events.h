@@ -11,6 +11,15 @@
 // becomes PyTorch's free_requested + free_completed pair (the pool frees at once; memory waiting
 // for device work shows in the segments as active_pending_free).
 //
+// Segment events: physical memory mapped into or unmapped from the device's address space
+// (PoolObserver::on_segment: a gap backed on growth, the old places of moved handles, handles
+// given back) become PyTorch's segment_map / segment_unmap, as expandable segments write them:
+// memory_viz's "Allocator State History" replays them backwards from the snapshot's segments,
+// merging neighbours. The pool reports them under its device lock, so they reach the ring in the
+// order the mappings changed; append_device_traces() still drops any that the snapshot's segments
+// contradict (a mapping changed between the memory map's copy and the ring's read), because
+// memory_viz's page stops drawing at the first one that does not fit.
+//
 // Cost on the allocating thread: one atomic fetch-add for a ticket, one compare-and-swap on a
 // 64-byte slot of its own, one clock_gettime (vDSO) and seven relaxed stores; no lock, no
 // allocation. The observer runs outside the pool's locks (PoolObserver's contract).
@@ -48,7 +57,13 @@
 namespace gpustitch::trace {
 
 struct RecentEvent {
-  enum class Action : std::uint8_t { alloc = 1, free = 2, oom = 3 };
+  enum class Action : std::uint8_t {
+    alloc = 1,
+    free = 2,
+    oom = 3,
+    segment_map = 4,
+    segment_unmap = 5
+  };
   Action action = Action::alloc;
   int device = 0;
   DevPtr addr = 0;         // oom: 0
@@ -78,6 +93,7 @@ class RecentEvents final : public PoolObserver {
                    ServedBy how) noexcept override;
   void on_free(int device, DevPtr ptr, std::size_t size, Stream stream) noexcept override;
   void on_event(const PoolEvent& event) noexcept override;  // records out-of-memory events
+  void on_segment(int device, DevPtr ptr, std::size_t size, bool mapped) noexcept override;
 
   // The whole events in the ring, oldest first (at most capacity()). Any thread; never blocks
   // writers. Throws std::bad_alloc only.
@@ -117,8 +133,10 @@ std::unique_ptr<RecentEvents> make_recent_events(const Config& config,
                                                  std::string* why = nullptr);
 
 // Appends events to data->device_traces as PyTorch's entries (alloc; free -> free_requested and
-// free_completed; oom), growing the per-device list as needed. frames_of_site, if set, gives the
-// stack of a sampled site (asked once per site).
+// free_completed; oom; segment_map; segment_unmap), growing the per-device list as needed.
+// frames_of_site, if set, gives the stack of a sampled site (asked once per site). Segment events
+// are checked against data->segments, replayed backwards as memory_viz does: a segment_map whose
+// range is not mapped at that point, or a segment_unmap whose range is, is left out.
 void append_device_traces(
     const std::vector<RecentEvent>& events,
     const std::function<std::vector<SnapshotFrame>(std::uint64_t site)>& frames_of_site,

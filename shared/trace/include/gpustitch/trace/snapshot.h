@@ -3,8 +3,11 @@
 //
 // Three pieces:
 //   - build_snapshot_from_segments(): the pool's memory map (Pool::memory_map, memory_map.h) ->
-//     PyTorch's structure. Segments are the pool's real ranges; cached memory shows up as
-//     inactive blocks, memory waiting for its fence as active_pending_free. This is what a
+//     PyTorch's structure. Segments are the pool's mapped ranges; cached memory shows up as
+//     inactive blocks, memory waiting for its fence as active_pending_free. Ranges that touch
+//     (a small-object chunk inside a mapped run) are one segment, on stream 0: the address space
+//     is the device's, not a stream's, and memory_viz merges a segment_map with its neighbours
+//     only on the same stream, so its replay of segment events needs whole runs. This is what a
 //     running process writes for `gpustitch snapshot PID`.
 //   - build_snapshot(): a list of live blocks -> PyTorch's structure, for recorded traces, where
 //     the pool's ranges are not known: each run of granularity-aligned pages touched by live
@@ -77,7 +80,8 @@ struct SnapshotSegment {
 };
 
 struct SnapshotTraceEntry {
-  std::string action;  // alloc | free_requested | free_completed | oom
+  std::string
+      action;  // alloc | free_requested | free_completed | oom | segment_map | segment_unmap
   std::uint64_t addr = 0;
   std::uint64_t size = 0;
   std::uint64_t stream = 0;
