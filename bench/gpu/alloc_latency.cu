@@ -195,11 +195,15 @@ bool time_one_allocation(gpustitch::Pool& pool, std::size_t size,
   return true;
 }
 
-// One fresh allocation of size from an empty pool.
-LargeRow pool_fresh(gpustitch::Backend& backend, std::size_t size, int reps) {
-  LargeRow row{"pool, fresh (one new handle)", size};
+// One fresh allocation of size from an empty pool, with the default configuration (ordinary
+// handles) or with a few large ones (fresh_coarse_mb:256).
+LargeRow pool_fresh(gpustitch::Backend& backend, std::size_t size, int reps, bool coarse) {
+  LargeRow row{coarse ? "pool, fresh, a few large handles (fresh_coarse_mb:256)" : "pool, fresh",
+               size};
   std::vector<double> t;
-  gpustitch::Pool pool(backend, gpustitch::Config{});
+  gpustitch::Config config;
+  if (coarse) config.fresh_coarse = 256 * MiB;
+  gpustitch::Pool pool(backend, config);
   for (int r = 0; r < reps; ++r) {
     if (!time_one_allocation(pool, size, &gpustitch::DeviceStats::fresh, "not served fresh", &row,
                              &t)) {
@@ -209,6 +213,47 @@ LargeRow pool_fresh(gpustitch::Backend& backend, std::size_t size, int reps) {
   row.pool_us = summarize(t).median;
   row.ok = row.note.empty();
   return row;
+}
+
+// Where fresh_coarse_mb pays for its few large handles: the first free of a fresh block and its
+// fence, which give the large handles back and back their places with ordinary ones (against
+// cudaFree of the same size in the cudaMalloc column).
+LargeRow pool_fresh_free(gpustitch::Backend& backend, std::size_t size, int reps) {
+  LargeRow row{
+      "pool, fresh_coarse_mb:256, free + fence of a fresh block (refines its large "
+      "handles; vs cudaFree)",
+      size};
+  std::vector<double> t;
+  gpustitch::Config config;
+  config.fresh_coarse = 256 * MiB;
+  gpustitch::Pool pool(backend, config);
+  for (int r = 0; r < reps; ++r) {
+    DevPtr p = 0;
+    if (pool.allocate(0, size, gpustitch::kAnyStream, &p) != gpustitch::Status::ok) {
+      row.note = "allocate failed";
+      return row;
+    }
+    const auto t0 = Clock::now();
+    pool.deallocate(p);
+    pool.drain_pending(0);
+    t.push_back(ns_between(t0, Clock::now()) / 1000);
+    pool.trim(0);
+  }
+  row.pool_us = summarize(t).median;
+  row.ok = true;
+  return row;
+}
+
+double cuda_free_us(std::size_t size, int reps) {
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    void* p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, size));
+    const auto t0 = Clock::now();
+    CUDA_CHECK(cudaFree(p));
+    t.push_back(ns_between(t0, Clock::now()) / 1000);
+  }
+  return summarize(t).median;
 }
 
 // One stitched allocation of size: the pool holds 2 x size/piece handles of piece bytes, every
@@ -469,11 +514,15 @@ int main(int argc, char** argv) {
   for (std::size_t size : {256 * MiB, 2 * GiB}) {
     const double native = cuda_malloc_us(size, reps);
     for (LargeRow row :
-         {pool_fresh(*backend, size, reps), pool_stitched(*backend, size, 64 * MiB, reps),
+         {pool_fresh(*backend, size, reps, false), pool_fresh(*backend, size, reps, true),
+          pool_stitched(*backend, size, 64 * MiB, reps),
           pool_stitched(*backend, size, 2 * MiB, reps)}) {
       row.cuda_malloc_us = native;
       large_rows.push_back(row);
     }
+    LargeRow freed = pool_fresh_free(*backend, size, reps);
+    freed.cuda_malloc_us = cuda_free_us(size, reps);
+    large_rows.push_back(freed);
   }
 
   std::printf("## alloc_latency: %s, driver %d, runtime %d (%s cudart), libgpustitch %s\n\n",

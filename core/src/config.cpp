@@ -104,6 +104,14 @@ const std::vector<KeySpec>& key_specs() {
          }
          return c.max_handle = s, true;
        }},
+      {"fresh_coarse_mb", "a size in MiB, 0 (never) or between 2 and 1048576",
+       [](std::string_view v, Config& c) {
+         std::size_t s;
+         if (!parse_scaled(v, MiB, &s) || (s != 0 && (s < 2 * MiB || s > 1024 * GiB))) {
+           return false;
+         }
+         return c.fresh_coarse = s, true;
+       }},
       {"handle_share", "a count between 0 and 65536 (0 = no limit)",
        [](std::string_view v, Config& c) {
          std::uint64_t n;

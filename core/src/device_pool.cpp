@@ -60,6 +60,7 @@ LargeHeap::Options heap_options(Backend& backend, const Config& config, int devi
   o.max_fresh_handles = config.fresh_handles == 0 ? SIZE_MAX : config.fresh_handles;
   o.max_handle = config.max_handle == 0 ? SIZE_MAX : config.max_handle;
   o.handle_share = config.handle_share;
+  o.coarse_min = config.fresh_coarse;
   o.move = config.stitching;
   o.max_split_size = config.max_split_size;
   return o;
@@ -354,7 +355,9 @@ Block* DevicePool::take_from(LargeHeap& heap, FreeSet& set, std::size_t rounded,
 // Block bookkeeping
 
 void DevicePool::make_free(Block* b) noexcept {
+  const DevPtr lo = b->ptr, hi = b->end();
   heap_.make_free(b);
+  if (heap_.refine_idle(lo, hi) != 0) sync_physical();
   note_free_changed();
 }
 

@@ -54,6 +54,27 @@
 //     every later block of gpt_seqlen_b5 10 MiB handles: 1.017x of demand in replay against
 //     1.011x without it; left out, 1.011x (1.014x in stream order, as without it). Any threshold
 //     from 1 to 16 GiB gave the same figures on every recorded trace;
+//   - with fresh_coarse_mb set (off by default), a fresh gap of that size or more is the
+//     exception (plan_fresh): ordinary handles at both ends, where neighbours may later touch
+//     it, and at most 4 large ones (up to 1/64 of the device) between them, so that a fresh 2 GiB
+//     block costs 6 creates and one cuMemSetAccess instead of 205. On the H200 (alloc_latency
+//     --quick, two runs) a fresh 256 MiB block took 0.43 ms against 1.4-1.6 ms with ordinary
+//     handles and 0.16 ms for cudaMalloc (2.6-2.8x), 2 GiB 0.63-0.73 ms against 10.9-12.3 and
+//     0.37 (1.7-2.0x). The large handles would pin: once the block is freed and fenced they lie
+//     wholly idle, and refine_idle() gives each back and backs its place with ordinary handles
+//     (release first, so that refinement never needs more device memory than the pool holds).
+//     In replay (--whole-handles, 140 GiB) 256 MiB held every recorded trace within 0.2% of
+//     ordinary handles (gpt_seqlen_b5 1.011 -> 1.013, hf_llama_train 1.016 -> 1.014; in stream
+//     order 1.014 -> 1.015 and 1.016 -> 1.017), for 5-7% more driver time; 128 MiB gave 1.010
+//     with cudaFree semantics but 1.018 in stream order, where a stream reuses its freed block
+//     before the fence, cutting and pinning the large handles before they can be refined;
+//     without refinement, 64 MiB held 1.026 and bucketed sizes 1.064. It stays off because the
+//     work moves rather than vanishes: the refining free and fence of a fresh block took 3.5-4.1
+//     ms (256 MiB) and 12.1-12.8 ms (2 GiB) on the H200, under the device lock, and in five
+//     interleaved rounds of tools/gpu/memory_compare.sh HF Llama training ran 2-12% slower with
+//     256 MiB in every round (GPT training -11% to +16%), at the same memory (+0.1-0.4%). What
+//     would make it the default: refinement off the device lock (the place marked busy while the
+//     reclaimer re-backs it), or only where a cut or a move needs part of a large handle;
 //   - moving a handle costs a cuMemUnmap (~18 us), a cuMemMap and its share of one
 //     cuMemSetAccess, and no create/release: reserved stays the same. Expandable segments instead
 //     release and re-create pages, and only at out-of-memory;
@@ -117,6 +138,9 @@ Status LargeHeap::init(std::size_t device_total) noexcept {
   // transformer_dynseq at 1.90 GiB, 20 MiB handles pinned enough to fail a request that fit).
   const std::size_t g = options_.granularity;
   device_handle_cap_ = std::max(g, device_total / 1024 / g * g);
+  coarse_cap_ = std::max(g, device_total / 64 / g * g);
+  fine_cap_ = std::max(align_up(options_.min_handle, g),
+                       std::min(align_down(options_.max_handle, g), device_handle_cap_));
   // A live block of handle_share x the largest handle or more would, alone, make every later
   // handle as large as handles get, while it pins nothing of them: it is left out of the share.
   const std::size_t largest = std::min(align_down(options_.max_handle, g), device_handle_cap_);
@@ -132,6 +156,35 @@ Status LargeHeap::init(std::size_t device_total) noexcept {
   return Status::out_of_memory;
 }
 
+std::size_t LargeHeap::fine_handle(std::size_t fresh) const noexcept {
+  const std::size_t g = options_.granularity;
+  // Handles of at least min_handle, at most max_handle, and as few as max_fresh_handles allow.
+  const std::size_t per_gap = std::max<std::size_t>(options_.max_fresh_handles, 1);
+  const std::size_t smallest = std::max(align_up(options_.min_handle, g), g);
+  std::size_t cap = std::min(align_down(options_.max_handle, g), device_handle_cap_);
+  // A small heap's handles are small: none above 1/handle_share of what the heap will hold, so
+  // that what live blocks pin stays a small share of it; but a gap takes at most
+  // kMaxHandlesPerGap of them, which bounds what one fresh block costs.
+  if (options_.handle_share != 0) {
+    const std::size_t held = backing_.held_bytes();
+    const std::size_t base = held - std::min(held, exempt_live_);
+    const std::size_t share = (base + fresh) / options_.handle_share;
+    cap =
+        std::min(cap, std::max({g, align_down(share, g), align_up(fresh / kMaxHandlesPerGap, g)}));
+  }
+  return std::max(smallest, std::min(align_up(fresh / per_gap, g), cap));
+}
+
+LargeHeap::FreshPlan LargeHeap::plan_fresh(std::size_t fresh, std::size_t handle) const noexcept {
+  FreshPlan plan{fresh, handle, handle};
+  const std::size_t g = options_.granularity;
+  if (options_.coarse_min == 0 || fresh < options_.coarse_min || fresh <= 2 * handle) return plan;
+  const std::size_t inner = fresh - 2 * handle;
+  const std::size_t per = std::max<std::size_t>(options_.coarse_handles, 1);
+  plan.inner = std::max(handle, std::min(align_up((inner + per - 1) / per, g), coarse_cap_));
+  return plan;
+}
+
 void LargeHeap::make_free(Block* b) noexcept {
   b->state = BlockState::free;
   b->stream = kAnyStream;
@@ -145,6 +198,68 @@ void LargeHeap::make_free(Block* b) noexcept {
     space_.absorb_next(b);
   }
   free_.insert(*b);
+}
+
+std::size_t LargeHeap::refine_idle(DevPtr lo, DevPtr hi) noexcept {
+  if (coarse_created_ == 0) return 0;
+  std::size_t refined = 0;
+  Handle* h = backing_.handle_at(lo);
+  if (h == nullptr) h = backing_.first_from(lo);
+  while (h != nullptr && h->at < hi) {
+    const DevPtr end = h->end();
+    if (h->size > fine_cap_ && idle(h) && refine(h)) ++refined;
+    h = backing_.first_from(end);
+  }
+  handles_refined_ += refined;
+  return refined;
+}
+
+bool LargeHeap::refine(Handle* h) noexcept {
+  const std::size_t fine = std::min(fine_handle(h->size), fine_cap_);
+  const std::size_t count = (h->size + fine - 1) / fine;
+  if (!space_.reserve_nodes(4 + 2 * count)) return false;
+  try {
+    chosen_.reserve(count);
+  } catch (...) {
+    return false;
+  }
+  const DevPtr at = h->at;
+  const std::size_t size = h->size;
+  // Released before the fine handles are created, so that refinement never needs more device
+  // memory than the pool holds; what the driver will not give back again becomes unbacked.
+  if (backing_.unmap(h) != Status::ok) return false;
+  backing_.release(h);
+  chosen_.clear();
+  std::size_t done = 0;
+  while (done < size) {
+    Handle* n = nullptr;
+    const std::size_t part = std::min(fine, size - done);
+    if (backing_.create(part, &n) != Status::ok) break;
+    if (backing_.map(n, at + done) != Status::ok) {
+      backing_.release(n);
+      break;
+    }
+    chosen_.push_back(n);  // within the capacity reserved above
+    done += part;
+  }
+  Handle rest;
+  if (done != 0 && backing_.set_access(at, done) != Status::ok) {
+    rest.at = at;  // nothing of it is usable: all of it becomes unbacked
+    rest.size = size;
+    carve(&rest);
+    note_segment(at, size, false);
+    unmap_all(chosen_.data(), chosen_.size());
+    for (Handle* n : chosen_) {
+      if (n->at == 0) backing_.release(n);
+    }
+  } else if (done < size) {
+    rest.at = at + done;
+    rest.size = size - done;
+    carve(&rest);
+    note_segment(rest.at, rest.size, false);
+  }
+  chosen_.clear();
+  return true;
 }
 
 bool LargeHeap::place(std::size_t rounded, Window* w) const noexcept {
@@ -265,22 +380,8 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
   }
   const std::size_t fresh = remaining;
   if (fresh > fresh_allowance) return Status::out_of_memory;
-  // Handles of at least min_handle, at most max_handle, and as few as max_fresh_handles allow.
-  const std::size_t per_gap = std::max<std::size_t>(options_.max_fresh_handles, 1);
-  const std::size_t smallest = std::max(align_up(options_.min_handle, g), g);
-  std::size_t cap = std::min(align_down(options_.max_handle, g), device_handle_cap_);
-  // A small heap's handles are small: none above 1/handle_share of what the heap will hold, so
-  // that what live blocks pin stays a small share of it; but a gap takes at most
-  // kMaxHandlesPerGap of them, which bounds what one fresh block costs.
-  if (options_.handle_share != 0) {
-    const std::size_t held = backing_.held_bytes();
-    const std::size_t base = held - std::min(held, exempt_live_);
-    const std::size_t share = (base + fresh) / options_.handle_share;
-    cap =
-        std::min(cap, std::max({g, align_down(share, g), align_up(fresh / kMaxHandlesPerGap, g)}));
-  }
-  const std::size_t max_handle = std::max(smallest, std::min(align_up(fresh / per_gap, g), cap));
-  const std::size_t fresh_count = (fresh + max_handle - 1) / max_handle;
+  const FreshPlan plan = plan_fresh(fresh, fine_handle(fresh));
+  const std::size_t fresh_count = plan.count();
   // Nodes for every split below (the window's, two per moved handle, two per handle a failed
   // rollback may leave mapped), so that no step fails half-way for want of host memory.
   if (!space_.reserve_nodes(8 + 2 * moved + 2 * (chosen_.size() + fresh_count + 1))) {
@@ -306,7 +407,7 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
   };
   for (std::size_t done = 0; done < fresh;) {
     Handle* h = nullptr;
-    const std::size_t size = std::min(max_handle, fresh - done);
+    const std::size_t size = plan.next(done);
     if (backing_.create(size, &h) != Status::ok) {
       release_created();
       return Status::out_of_memory;
@@ -314,6 +415,7 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
     chosen_.push_back(h);  // within the capacity reserved above
     ++created;
     done += size;
+    if (size > fine_cap_) ++coarse_created_;
   }
   // Move: unmap idle handles where they lie; their place becomes unbacked. One the driver will
   // not unmap stays where it is, and fresh memory stands in for it if the allowance permits.

@@ -32,6 +32,10 @@ class LargeHeap {
     // And none above 1/handle_share of the physical memory the heap holds outside very large
     // live blocks (0: no such bound; large_heap.cpp: which blocks, and why).
     std::size_t handle_share = 0;
+    // Fresh memory of at least coarse_min bytes (0: never) gets max_handle handles at both ends
+    // and at most coarse_handles larger ones between them (large_heap.cpp: fresh-block cost).
+    std::size_t coarse_min = 0;
+    std::size_t coarse_handles = 4;
     bool move = true;  // back requests with idle handles moved from elsewhere
     // PyTorch's max_split_size_mb: free blocks at least this large serve only requests at least
     // this large, and their handles do not move for smaller ones.
@@ -76,6 +80,11 @@ class LargeHeap {
   void absorb_next(Block* b) noexcept { space_.absorb_next(b); }
   // b becomes free: merged with free neighbours and indexed by size.
   void make_free(Block* b) noexcept;
+  // Coarse handles (Options::coarse_min) that touch [lo, hi), a range that has just become free
+  // and fenced, and now lie wholly idle are replaced by handles of the ordinary size, so that
+  // later live blocks pin and moves take fine-grained memory again. Returns the handles refined.
+  std::size_t refine_idle(DevPtr lo, DevPtr hi) noexcept;
+  std::size_t handles_refined() const noexcept { return handles_refined_; }
   // b becomes allocated (mark_allocated) or is about to stop being allocated (note_dead, where
   // the caller changes its state): what handle_share leaves out follows the very large live
   // blocks.
@@ -130,6 +139,25 @@ class LargeHeap {
     Block* prev = nullptr;  // free neighbours the window may use
     Block* next = nullptr;
   };
+  // The sizes of the fresh handles for one gap, in mapping order: `edge` bytes at each end and
+  // `inner` bytes per handle between them (inner == edge: all alike).
+  struct FreshPlan {
+    std::size_t total = 0, edge = 0, inner = 0;
+    std::size_t next(std::size_t done) const noexcept {
+      const std::size_t left = total - done;
+      if (inner == edge || done < edge || left <= edge) return std::min(edge, left);
+      return std::min(inner, left - edge);
+    }
+    std::size_t count() const noexcept {
+      std::size_t n = 0;
+      for (std::size_t done = 0; done < total; ++n) done += next(done);
+      return n;
+    }
+  };
+  FreshPlan plan_fresh(std::size_t fresh, std::size_t handle) const noexcept;
+  // The ordinary size of a fresh handle when the heap grows by `fresh` bytes.
+  std::size_t fine_handle(std::size_t fresh) const noexcept;
+  bool refine(Handle* h) noexcept;
   bool place(std::size_t rounded, Window* w) const noexcept;
   // Idle handles that can be moved for a window, largest first, into candidates_.
   void collect_idle(const Window& w, std::size_t rounded, std::size_t want) noexcept;
@@ -158,6 +186,10 @@ class LargeHeap {
   std::size_t share_exempt_ = SIZE_MAX;       // live blocks this large are left out of handle_share
   std::size_t exempt_live_ = 0;               // bytes in allocated blocks of share_exempt_ and more
   std::size_t device_handle_cap_ = SIZE_MAX;  // 1/1024 of the device (init)
+  std::size_t coarse_cap_ = SIZE_MAX;         // 1/64 of the device (init)
+  std::size_t fine_cap_ = SIZE_MAX;           // no ordinary handle is larger (init)
+  std::size_t coarse_created_ = 0;            // coarse handles ever created: refine_idle's guard
+  std::size_t handles_refined_ = 0;
 };
 
 }  // namespace gpustitch::detail

@@ -102,6 +102,15 @@ TEST(Config, HandleSizeKeys) {
   EXPECT_EQ(bad.config.max_handle, 10 * MiB) << "a rejected value leaves the default";
 }
 
+TEST(Config, FreshCoarseKey) {
+  EXPECT_EQ(Config{}.fresh_coarse, 0u) << "off by default";
+  EXPECT_EQ(parse_config("fresh_coarse_mb:256").config.fresh_coarse, 256 * MiB);
+  EXPECT_EQ(parse_config("fresh_coarse_mb:1024").config.fresh_coarse, 1 * GiB);
+  auto bad = parse_config("fresh_coarse_mb:1");
+  EXPECT_EQ(bad.errors.size(), 1u);
+  EXPECT_EQ(bad.config.fresh_coarse, 0u) << "a rejected value leaves the default";
+}
+
 TEST(Config, DriverPoolReleaseIsOnByDefault) {
   EXPECT_TRUE(parse_config("").config.driver_pool_release);
   EXPECT_FALSE(parse_config("driver_pool_release:off").config.driver_pool_release);

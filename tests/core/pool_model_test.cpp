@@ -22,15 +22,18 @@ struct Live {
 // large frees are parked in the thread's arena), drawn at random for each call.
 constexpr Stream kStreams[] = {kAnyStream, kAnyStream, 0x51, 0x52};
 
-class PoolModel : public ::testing::TestWithParam<std::tuple<bool, unsigned>> {};
+// Parameters: a driver that maps at an offset, the seed, and fresh_coarse_mb:256 (large fresh
+// ranges in a few large handles, refined once free).
+class PoolModel : public ::testing::TestWithParam<std::tuple<bool, unsigned, bool>> {};
 
 TEST_P(PoolModel, MatchesReference) {
-  const auto [map_offset, seed] = GetParam();
+  const auto [map_offset, seed, coarse] = GetParam();
   const std::size_t capacity = 24 * GiB;
   TestDevice dev = make_test_device({.capacity = capacity, .map_offset = map_offset});
   if (dev.sim == nullptr) GTEST_SKIP() << "the model needs a simulated device of known capacity";
   Config cfg;
   cfg.background_reclaim = false;
+  if (coarse) cfg.fresh_coarse = 256 * MiB;
   Pool pool(*dev.backend, cfg);
   std::map<DevPtr, Live> live;  // the reference model
   std::mt19937_64 rng(seed);
@@ -134,12 +137,13 @@ TEST_P(PoolModel, MatchesReference) {
   EXPECT_EQ(dev.sim->used(0), 0u);
   EXPECT_EQ(dev.sim->live_mappings(), 0u);
   EXPECT_EQ(dev.sim->live_reservations(), pool.stats(0).views);  // the address space
-  std::printf("model seed %u offset %d: %llu allocs, %llu OOMs, %llu stitches\n", seed, map_offset,
-              (unsigned long long)allocs, (unsigned long long)ooms,
+  std::printf("model seed %u offset %d coarse %d: %llu allocs, %llu OOMs, %llu stitches\n", seed,
+              map_offset, coarse, (unsigned long long)allocs, (unsigned long long)ooms,
               (unsigned long long)pool.stats(0).stitches);
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, PoolModel,
-                         ::testing::Combine(::testing::Bool(), ::testing::Values(1u, 2u, 3u)));
+                         ::testing::Combine(::testing::Bool(), ::testing::Values(1u, 2u, 3u),
+                                            ::testing::Bool()));
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -115,6 +116,84 @@ TEST(Pool, FreshHandlesAreAtMostMaxHandleMb) {
       ASSERT_EQ(pool.deallocate(p), Status::ok);
     }
   }
+}
+
+// fresh_coarse_mb:256 (off by default).
+static Config coarse_fresh_config() {
+  Config c = inline_config();
+  c.fresh_coarse = 256 * MiB;
+  return c;
+}
+
+// With fresh_coarse_mb, a fresh large block costs a few driver calls, as cudaMalloc does: 256 MiB
+// and more is backed by 10 MiB handles at both ends, where neighbours may later touch it, and 4
+// larger ones between them. Once the block is freed and fenced, the larger handles lie wholly idle
+// and are replaced by 10 MiB ones, so that later live blocks pin, and moves take, memory in
+// ordinary pieces again; reserved memory does not change, and the memory serves the next request.
+TEST(Pool, FreshLargeBlockIsAFewHandlesRefinedOnceFree) {
+  TestDevice dev = make_test_device({.capacity = 1024 * GiB});
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend's call counters";
+  Pool pool(*dev.backend, coarse_fresh_config());
+  const auto creates = dev.sim->calls(SimOp::create);
+  const auto accesses = dev.sim->calls(SimOp::set_access);
+  DevPtr p = 0;
+  ASSERT_EQ(pool.allocate(0, 2 * GiB, kAnyStream, &p), Status::ok);
+  EXPECT_EQ(dev.sim->calls(SimOp::create) - creates, 6u) << "10 MiB, 4 x 507 MiB, 10 MiB";
+  EXPECT_EQ(dev.sim->calls(SimOp::set_access) - accesses, 1u);
+  EXPECT_EQ(pool.stats(0).handles, 6u);
+  EXPECT_EQ(pool.stats(0).bytes_reserved, 2 * GiB);
+  stamp(dev, p, 2 * GiB, 11);
+  EXPECT_TRUE(check(dev, p, 2 * GiB, 11));
+  EXPECT_EQ(pool.validate(0), "");
+
+  ASSERT_EQ(pool.deallocate(p), Status::ok);
+  pool.drain_pending(0);  // the fence: only then may the driver unmap what the device used
+  EXPECT_EQ(pool.validate(0), "");
+  DeviceStats s = pool.stats(0);
+  EXPECT_EQ(s.bytes_reserved, 2 * GiB) << "refinement neither grows nor shrinks the pool";
+  EXPECT_GE(s.handles, 2 * GiB / Config{}.max_handle) << "no handle above max_handle_mb";
+  EXPECT_EQ(dev.sim->calls(SimOp::release), 4u) << "the four large handles, given back";
+
+  // The refined memory serves requests as before: a cache hit, no driver call, bytes intact.
+  const auto after = dev.sim->calls(SimOp::create);
+  DevPtr a = 0, b = 0;
+  ASSERT_EQ(pool.allocate(0, 1 * GiB, kAnyStream, &a), Status::ok);
+  ASSERT_EQ(pool.allocate(0, 1 * GiB - 64 * MiB, kAnyStream, &b), Status::ok);
+  EXPECT_EQ(dev.sim->calls(SimOp::create), after);
+  stamp(dev, a, 1 * GiB, 12);
+  stamp(dev, b, 1 * GiB - 64 * MiB, 13);
+  EXPECT_TRUE(check(dev, a, 1 * GiB, 12));
+  EXPECT_TRUE(check(dev, b, 1 * GiB - 64 * MiB, 13));
+  EXPECT_TRUE(a + 1 * GiB <= b || b + 1 * GiB - 64 * MiB <= a) << "live blocks overlap";
+  ASSERT_EQ(pool.deallocate(a), Status::ok);
+  ASSERT_EQ(pool.deallocate(b), Status::ok);
+  EXPECT_EQ(pool.validate(0), "");
+}
+
+// Refinement gives a large handle back before it creates the small ones, so it never needs more
+// device memory than the pool holds. Where the driver then refuses memory (another process took
+// it), the rest of the range becomes unbacked: reserved shrinks, nothing is mapped that the books
+// do not know of, and the pool grows again when the memory is needed.
+TEST(Pool, RefinementThatTheDriverCutsShortLeavesTheRestUnbacked) {
+  TestDevice dev = make_test_device({.capacity = 1024 * GiB});
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend's call counters";
+  Pool pool(*dev.backend, coarse_fresh_config());
+  DevPtr p = 0;
+  ASSERT_EQ(pool.allocate(0, 2 * GiB, kAnyStream, &p), Status::ok);
+  ASSERT_EQ(pool.deallocate(p), Status::ok);
+  dev.sim->fail_nth(SimOp::create, 3);  // the third small handle of the first large one
+  pool.drain_pending(0);
+  dev.sim->fail_nth(SimOp::create, 0);
+  EXPECT_EQ(pool.validate(0), "");
+  const DeviceStats s = pool.stats(0);
+  EXPECT_LT(s.bytes_reserved, 2 * GiB);
+  EXPECT_GE(s.bytes_reserved, 2 * GiB - 507 * MiB);
+  DevPtr q = 0;
+  ASSERT_EQ(pool.allocate(0, 2 * GiB, kAnyStream, &q), Status::ok);
+  stamp(dev, q, 2 * GiB, 21);
+  EXPECT_TRUE(check(dev, q, 2 * GiB, 21));
+  EXPECT_EQ(pool.validate(0), "");
+  ASSERT_EQ(pool.deallocate(q), Status::ok);
 }
 
 // Allocates `size` with cudaFree semantics and returns the handles the pool created for it; the
