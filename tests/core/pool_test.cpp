@@ -131,7 +131,7 @@ static Config coarse_fresh_config() {
 // and are replaced by 10 MiB ones, so that later live blocks pin, and moves take, memory in
 // ordinary pieces again; reserved memory does not change, and the memory serves the next request.
 TEST(Pool, FreshLargeBlockIsAFewHandlesRefinedOnceFree) {
-  TestDevice dev = make_test_device({.capacity = 1024 * GiB});
+  TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend's call counters";
   Pool pool(*dev.backend, coarse_fresh_config());
   const auto creates = dev.sim->calls(SimOp::create);
@@ -175,7 +175,7 @@ TEST(Pool, FreshLargeBlockIsAFewHandlesRefinedOnceFree) {
 // it), the rest of the range becomes unbacked: reserved shrinks, nothing is mapped that the books
 // do not know of, and the pool grows again when the memory is needed.
 TEST(Pool, RefinementThatTheDriverCutsShortLeavesTheRestUnbacked) {
-  TestDevice dev = make_test_device({.capacity = 1024 * GiB});
+  TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend's call counters";
   Pool pool(*dev.backend, coarse_fresh_config());
   DevPtr p = 0;
