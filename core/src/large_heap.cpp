@@ -139,11 +139,10 @@ Status LargeHeap::init(std::size_t device_total) noexcept {
   const std::size_t g = options_.granularity;
   device_handle_cap_ = std::max(g, device_total / 1024 / g * g);
   coarse_cap_ = std::max(g, device_total / 64 / g * g);
-  fine_cap_ = std::max(align_up(options_.min_handle, g),
-                       std::min(align_down(options_.max_handle, g), device_handle_cap_));
   // A live block of handle_share x the largest handle or more would, alone, make every later
   // handle as large as handles get, while it pins nothing of them: it is left out of the share.
   const std::size_t largest = std::min(align_down(options_.max_handle, g), device_handle_cap_);
+  fine_cap_ = std::max(align_up(options_.min_handle, g), largest);
   if (options_.handle_share != 0 && largest <= SIZE_MAX / options_.handle_share) {
     share_exempt_ = options_.handle_share * largest;
   }
@@ -210,7 +209,6 @@ std::size_t LargeHeap::refine_idle(DevPtr lo, DevPtr hi) noexcept {
     if (h->size > fine_cap_ && idle(h) && refine(h)) ++refined;
     h = backing_.first_from(end);
   }
-  handles_refined_ += refined;
   return refined;
 }
 

@@ -84,7 +84,6 @@ class LargeHeap {
   // and fenced, and now lie wholly idle are replaced by handles of the ordinary size, so that
   // later live blocks pin and moves take fine-grained memory again. Returns the handles refined.
   std::size_t refine_idle(DevPtr lo, DevPtr hi) noexcept;
-  std::size_t handles_refined() const noexcept { return handles_refined_; }
   // b becomes allocated (mark_allocated) or is about to stop being allocated (note_dead, where
   // the caller changes its state): what handle_share leaves out follows the very large live
   // blocks.
@@ -189,7 +188,6 @@ class LargeHeap {
   std::size_t coarse_cap_ = SIZE_MAX;         // 1/64 of the device (init)
   std::size_t fine_cap_ = SIZE_MAX;           // no ordinary handle is larger (init)
   std::size_t coarse_created_ = 0;            // coarse handles ever created: refine_idle's guard
-  std::size_t handles_refined_ = 0;
 };
 
 }  // namespace gpustitch::detail

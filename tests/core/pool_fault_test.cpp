@@ -23,8 +23,7 @@ TEST_P(PoolFault, StitchAndFreshRollBack) {
   for (std::uint64_t nth = 1; nth <= 6; ++nth) {
     TestDevice dev = make_test_device({.capacity = 1 * GiB});
     if (dev.sim == nullptr) GTEST_SKIP();
-    Config cfg;
-    cfg.background_reclaim = false;
+    Config cfg = inline_config();
     {
       Pool pool(*dev.backend, cfg);
       std::vector<DevPtr> blocks(16);
@@ -108,8 +107,7 @@ TEST_P(PoolFault, RefinementOfAFreedFreshBlockRollsBack) {
   for (std::uint64_t nth = 1; nth <= 6; ++nth) {
     TestDevice dev = make_test_device({.capacity = 1 * GiB});
     if (dev.sim == nullptr) GTEST_SKIP();
-    Config cfg;
-    cfg.background_reclaim = false;
+    Config cfg = inline_config();
     cfg.fresh_coarse = 256 * MiB;
     {
       Pool pool(*dev.backend, cfg);
