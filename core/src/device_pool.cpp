@@ -324,13 +324,23 @@ Block* DevicePool::take_from(LargeHeap& heap, FreeSet& set, std::size_t rounded,
   probe.size = rounded;
   probe.ptr = 0;
   const std::size_t max_split = config_.max_split_size;
-  auto it = set.lower_bound(probe);
-  if (it == set.end()) return nullptr;
-  Block* b = &*it;
-  if (rounded < max_split && b->size >= max_split) return nullptr;
-  if (rounded >= max_split && b->size >= rounded + kLargeBuffer) return nullptr;
-  // Oversize blocks are used whole (max_split_size); others are cut at the request.
-  const std::size_t cut = b->size >= max_split ? b->size : rounded;
+  Block* b = nullptr;
+  std::size_t cut = 0;
+  for (;;) {
+    auto it = set.lower_bound(probe);
+    if (it == set.end()) return nullptr;
+    b = &*it;
+    if (rounded < max_split && b->size >= max_split) return nullptr;
+    if (rounded >= max_split && b->size >= rounded + kLargeBuffer) return nullptr;
+    // Oversize blocks are used whole (max_split_size); others are cut at the request.
+    cut = b->size >= max_split ? b->size : rounded;
+    // A cut inside a coarse handle of fenced memory refines that handle first (its handles
+    // change, not its addresses), then the lookup runs again: a refinement the driver cut short
+    // left part of the block unbacked. Each pass refines one coarse handle, so this ends.
+    if (pending || cut == b->size || !heap.refine_at(b->ptr + cut)) break;
+    sync_physical();
+  }
+  auto it = set.iterator_to(*b);
   set.erase(it);
   Block* rest = b->size > cut ? heap.split(b, cut) : nullptr;  // nullptr: used whole
   if (rest != nullptr) {
@@ -355,9 +365,7 @@ Block* DevicePool::take_from(LargeHeap& heap, FreeSet& set, std::size_t rounded,
 // Block bookkeeping
 
 void DevicePool::make_free(Block* b) noexcept {
-  const DevPtr lo = b->ptr, hi = b->end();
   heap_.make_free(b);
-  if (heap_.refine_idle(lo, hi) != 0) sync_physical();
   note_free_changed();
 }
 

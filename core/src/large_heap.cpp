@@ -199,17 +199,11 @@ void LargeHeap::make_free(Block* b) noexcept {
   free_.insert(*b);
 }
 
-std::size_t LargeHeap::refine_idle(DevPtr lo, DevPtr hi) noexcept {
-  if (coarse_created_ == 0) return 0;
-  std::size_t refined = 0;
-  Handle* h = backing_.handle_at(lo);
-  if (h == nullptr) h = backing_.first_from(lo);
-  while (h != nullptr && h->at < hi) {
-    const DevPtr end = h->end();
-    if (h->size > fine_cap_ && idle(h) && refine(h)) ++refined;
-    h = backing_.first_from(end);
-  }
-  return refined;
+bool LargeHeap::refine_at(DevPtr boundary) noexcept {
+  if (coarse_created_ == 0) return false;
+  Handle* h = backing_.handle_at(boundary);
+  if (h == nullptr || h->at == boundary || h->size <= fine_cap_ || !idle(h)) return false;
+  return refine(h);
 }
 
 bool LargeHeap::refine(Handle* h) noexcept {
@@ -348,11 +342,16 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
                        Growth* growth) noexcept {
   const std::size_t g = options_.granularity;
   Window w;
-  if (!place(rounded, &w)) {
-    // No unbacked region can hold it: another span (a request larger than the first one, or an
-    // address space cut up by long-lived blocks).
-    const std::size_t span = std::max(space_.span(0).size, align_up(rounded, g) + g);
-    if (space_.add_span(span) != Status::ok || !place(rounded, &w)) return Status::out_of_memory;
+  for (;;) {
+    if (!place(rounded, &w)) {
+      // No unbacked region can hold it: another span (a request larger than the first one, or an
+      // address space cut up by long-lived blocks).
+      const std::size_t span = std::max(space_.span(0).size, align_up(rounded, g) + g);
+      if (space_.add_span(span) != Status::ok || !place(rounded, &w)) return Status::out_of_memory;
+    }
+    // The window takes part of a free neighbour: an end of it inside a coarse handle refines
+    // that handle first (refine_at), and the window is placed again. Each pass refines one.
+    if (!refine_at(w.start) && !refine_at(w.start + rounded)) break;
   }
   const std::size_t need = w.gap_hi - w.gap_lo;
   // Plan: which handles fill the gap, spares first, then idle ones, then fresh.
@@ -375,6 +374,22 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
       if (remaining == 0) break;
       if (h->size <= remaining && choose(h)) ++moved;
     }
+  }
+  // Coarse handles lying idle that are too large to move here (refinement is lazy: refine_at)
+  // go back to the driver before fresh memory is taken, as many as the rest needs: what the
+  // heap holds then shrinks, where moving their ordinary-size parts would have kept it level.
+  if (remaining != 0 && coarse_created_ != 0) {
+    std::size_t given_back = 0;
+    for (Handle* h : candidates_) {
+      if (given_back >= remaining) break;
+      if (h->size <= fine_cap_ || std::find(chosen_.begin(), chosen_.end(), h) != chosen_.end()) {
+        continue;
+      }
+      given_back += release_mapped(h);
+    }
+    fresh_allowance = given_back > SIZE_MAX - fresh_allowance ? SIZE_MAX
+                                                              : fresh_allowance + given_back;
+    growth->released_bytes = given_back;
   }
   const std::size_t fresh = remaining;
   if (fresh > fresh_allowance) return Status::out_of_memory;
@@ -543,15 +558,24 @@ std::size_t LargeHeap::release_one(std::size_t wanted) noexcept {
     }
   }
   if (best == nullptr) return 0;
+  // A coarse handle well above what is wanted is refined first, so that what leaves the cache is
+  // close to what was asked (a release threshold, a cooperative release of a few MiB).
+  if (best->size > fine_cap_ && best->size >= wanted + fine_cap_ && refine(best)) {
+    return release_one(wanted);  // the handles in its place are ordinary ones now
+  }
+  return release_mapped(best);
+}
+
+std::size_t LargeHeap::release_mapped(Handle* h) noexcept {
   if (!space_.reserve_nodes(4)) return 0;
   Handle probe;
-  probe.at = best->at;
-  probe.size = best->size;
-  if (backing_.unmap(best) != Status::ok) return 0;
+  probe.at = h->at;
+  probe.size = h->size;
+  if (backing_.unmap(h) != Status::ok) return 0;
   carve(&probe);
   note_segment(probe.at, probe.size, false);
   const std::size_t before = backing_.held_bytes();
-  backing_.release(best);
+  backing_.release(h);
   ++handles_released_;
   return before - backing_.held_bytes();
 }

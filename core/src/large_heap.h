@@ -48,6 +48,7 @@ class LargeHeap {
     std::size_t moved_handles = 0;  // unmapped where they lay free and mapped here
     std::size_t spare_handles = 0;  // held unmapped, mapped here
     std::size_t moved_bytes = 0;    // moved and spare
+    std::size_t released_bytes = 0;  // idle coarse handles given back before fresh ones came
   };
 
   struct BySize {
@@ -80,10 +81,12 @@ class LargeHeap {
   void absorb_next(Block* b) noexcept { space_.absorb_next(b); }
   // b becomes free: merged with free neighbours and indexed by size.
   void make_free(Block* b) noexcept;
-  // Coarse handles (Options::coarse_min) that touch [lo, hi), a range that has just become free
-  // and fenced, and now lie wholly idle are replaced by handles of the ordinary size, so that
-  // later live blocks pin and moves take fine-grained memory again. Returns the handles refined.
-  std::size_t refine_idle(DevPtr lo, DevPtr hi) noexcept;
+  // A block is about to be cut out of free memory with one end at `boundary`. If that end falls
+  // inside a coarse handle (Options::coarse_min) lying wholly idle, the handle is first replaced
+  // by handles of the ordinary size, so that the live block pins only the ordinary handle it
+  // shares with the free rest. Only fenced free memory may be refined (the GPU may still use a
+  // block waiting for its fence). True: the layout changed; the caller looks its block up again.
+  bool refine_at(DevPtr boundary) noexcept;
   // b becomes allocated (mark_allocated) or is about to stop being allocated (note_dead, where
   // the caller changes its state): what handle_share leaves out follows the very large live
   // blocks.
@@ -157,6 +160,9 @@ class LargeHeap {
   // The ordinary size of a fresh handle when the heap grows by `fresh` bytes.
   std::size_t fine_handle(std::size_t fresh) const noexcept;
   bool refine(Handle* h) noexcept;
+  // A handle lying wholly idle is unmapped, its place made unbacked, and given back; the bytes
+  // given back (0: the driver kept it, nothing changed).
+  std::size_t release_mapped(Handle* h) noexcept;
   bool place(std::size_t rounded, Window* w) const noexcept;
   // Idle handles that can be moved for a window, largest first, into candidates_.
   void collect_idle(const Window& w, std::size_t rounded, std::size_t want) noexcept;
@@ -187,7 +193,7 @@ class LargeHeap {
   std::size_t device_handle_cap_ = SIZE_MAX;  // 1/1024 of the device (init)
   std::size_t coarse_cap_ = SIZE_MAX;         // 1/64 of the device (init)
   std::size_t fine_cap_ = SIZE_MAX;           // no ordinary handle is larger (init)
-  std::size_t coarse_created_ = 0;            // coarse handles ever created: refine_idle's guard
+  std::size_t coarse_created_ = 0;            // coarse handles ever created: refine_at's guard
 };
 
 }  // namespace gpustitch::detail

@@ -103,12 +103,12 @@ TEST(Config, HandleSizeKeys) {
 }
 
 TEST(Config, FreshCoarseKey) {
-  EXPECT_EQ(Config{}.fresh_coarse, 0u) << "off by default";
-  EXPECT_EQ(parse_config("fresh_coarse_mb:256").config.fresh_coarse, 256 * MiB);
+  EXPECT_EQ(Config{}.fresh_coarse, 256 * MiB) << "the default";
+  EXPECT_EQ(parse_config("fresh_coarse_mb:0").config.fresh_coarse, 0u) << "never";
   EXPECT_EQ(parse_config("fresh_coarse_mb:1024").config.fresh_coarse, 1 * GiB);
   auto bad = parse_config("fresh_coarse_mb:1");
   EXPECT_EQ(bad.errors.size(), 1u);
-  EXPECT_EQ(bad.config.fresh_coarse, 0u) << "a rejected value leaves the default";
+  EXPECT_EQ(bad.config.fresh_coarse, 256 * MiB) << "a rejected value leaves the default";
 }
 
 TEST(Config, DriverPoolReleaseIsOnByDefault) {

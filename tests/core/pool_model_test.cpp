@@ -22,8 +22,8 @@ struct Live {
 // large frees are parked in the thread's arena), drawn at random for each call.
 constexpr Stream kStreams[] = {kAnyStream, kAnyStream, 0x51, 0x52};
 
-// Parameters: a driver that maps at an offset, the seed, and fresh_coarse_mb:256 (large fresh
-// ranges in a few large handles, refined once free).
+// Parameters: a driver that maps at an offset, the seed, and fresh_coarse_mb at its default of
+// 256 (large fresh ranges in a few large handles, refined where a cut needs it) or 0.
 class PoolModel : public ::testing::TestWithParam<std::tuple<bool, unsigned, bool>> {};
 
 TEST_P(PoolModel, MatchesReference) {
@@ -33,7 +33,7 @@ TEST_P(PoolModel, MatchesReference) {
   if (dev.sim == nullptr) GTEST_SKIP() << "the model needs a simulated device of known capacity";
   Config cfg;
   cfg.background_reclaim = false;
-  if (coarse) cfg.fresh_coarse = 256 * MiB;
+  if (!coarse) cfg.fresh_coarse = 0;
   Pool pool(*dev.backend, cfg);
   std::map<DevPtr, Live> live;  // the reference model
   std::mt19937_64 rng(seed);

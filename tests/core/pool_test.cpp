@@ -97,11 +97,13 @@ TEST(Pool, FreshHandlesAreAtMostMaxHandleMb) {
     const char* conf;
     std::size_t creates;
   };
-  // handle_share (the next test) is off where it would make the handles smaller than the case
-  // is about.
-  for (Case c : {Case{"", 205}, Case{"max_handle_mb:0,handle_share:0", 2},
-                 Case{"max_handle_mb:256,handle_share:0", 8}, Case{"max_handle_mb:16", 128},
-                 Case{"fresh_handles:16,max_handle_mb:0", 16}}) {
+  // handle_share (a later test) is off where it would make the handles smaller than the case
+  // is about, and fresh_coarse_mb (the next tests) everywhere.
+  for (Case c : {Case{"fresh_coarse_mb:0", 205},
+                 Case{"fresh_coarse_mb:0,max_handle_mb:0,handle_share:0", 2},
+                 Case{"fresh_coarse_mb:0,max_handle_mb:256,handle_share:0", 8},
+                 Case{"fresh_coarse_mb:0,max_handle_mb:16", 128},
+                 Case{"fresh_coarse_mb:0,fresh_handles:16,max_handle_mb:0", 16}}) {
     ConfigResult r = parse_config(c.conf, inline_config());
     ASSERT_TRUE(r.errors.empty()) << c.conf;
     const auto creates = dev.sim->calls(SimOp::create);
@@ -118,22 +120,16 @@ TEST(Pool, FreshHandlesAreAtMostMaxHandleMb) {
   }
 }
 
-// fresh_coarse_mb:256 (off by default).
-static Config coarse_fresh_config() {
-  Config c = inline_config();
-  c.fresh_coarse = 256 * MiB;
-  return c;
-}
-
-// With fresh_coarse_mb, a fresh large block costs a few driver calls, as cudaMalloc does: 256 MiB
-// and more is backed by 10 MiB handles at both ends, where neighbours may later touch it, and 4
-// larger ones between them. Once the block is freed and fenced, the larger handles lie wholly idle
-// and are replaced by 10 MiB ones, so that later live blocks pin, and moves take, memory in
-// ordinary pieces again; reserved memory does not change, and the memory serves the next request.
-TEST(Pool, FreshLargeBlockIsAFewHandlesRefinedOnceFree) {
+// A fresh large block costs a few driver calls, as cudaMalloc does (fresh_coarse_mb, 256 MiB by
+// default): it is backed by 10 MiB handles at both ends, where neighbours may later touch it, and
+// 4 larger ones between them. Freed and taken again at its size, it costs no driver call. Only a
+// block cut inside one of the larger handles replaces that handle by 10 MiB ones first, so that
+// the live block pins, and moves take, memory in ordinary pieces; reserved memory does not
+// change, and the memory serves requests with their bytes intact.
+TEST(Pool, FreshLargeBlockIsAFewHandlesRefinedWhereACutNeedsIt) {
   TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend's call counters";
-  Pool pool(*dev.backend, coarse_fresh_config());
+  Pool pool(*dev.backend, inline_config());
   const auto creates = dev.sim->calls(SimOp::create);
   const auto accesses = dev.sim->calls(SimOp::set_access);
   DevPtr p = 0;
@@ -146,54 +142,134 @@ TEST(Pool, FreshLargeBlockIsAFewHandlesRefinedOnceFree) {
   EXPECT_TRUE(check(dev, p, 2 * GiB, 11));
   EXPECT_EQ(pool.validate(0), "");
 
+  // Freed, fenced and taken again whole: no driver call.
   ASSERT_EQ(pool.deallocate(p), Status::ok);
-  pool.drain_pending(0);  // the fence: only then may the driver unmap what the device used
-  EXPECT_EQ(pool.validate(0), "");
-  DeviceStats s = pool.stats(0);
-  EXPECT_EQ(s.bytes_reserved, 2 * GiB) << "refinement neither grows nor shrinks the pool";
-  EXPECT_GE(s.handles, 2 * GiB / Config{}.max_handle) << "no handle above max_handle_mb";
-  EXPECT_EQ(dev.sim->calls(SimOp::release), 4u) << "the four large handles, given back";
+  pool.drain_pending(0);
+  const auto total_calls = [&] {
+    std::uint64_t n = 0;
+    for (SimOp op : {SimOp::create, SimOp::map, SimOp::set_access, SimOp::unmap, SimOp::release}) {
+      n += dev.sim->calls(op);
+    }
+    return n;
+  };
+  const auto calls = total_calls();
+  ASSERT_EQ(pool.allocate(0, 2 * GiB, kAnyStream, &p), Status::ok);
+  EXPECT_EQ(total_calls(), calls) << "a free and a new block of the same size: the cache";
+  stamp(dev, p, 2 * GiB, 12);
+  EXPECT_TRUE(check(dev, p, 2 * GiB, 12));
+  ASSERT_EQ(pool.deallocate(p), Status::ok);
+  pool.drain_pending(0);
+  EXPECT_EQ(pool.stats(0).handles, 6u) << "the free refines nothing";
 
-  // The refined memory serves requests as before: a cache hit, no driver call, bytes intact.
-  const auto after = dev.sim->calls(SimOp::create);
+  // 700 MiB ends inside the second large handle [517, 1024) MiB: that one alone is replaced by
+  // 51 handles of at most 10 MiB. 1,300 MiB more end inside the fourth [1531, 2038).
+  const auto releases = dev.sim->calls(SimOp::release);
   DevPtr a = 0, b = 0;
-  ASSERT_EQ(pool.allocate(0, 1 * GiB, kAnyStream, &a), Status::ok);
-  ASSERT_EQ(pool.allocate(0, 1 * GiB - 64 * MiB, kAnyStream, &b), Status::ok);
-  EXPECT_EQ(dev.sim->calls(SimOp::create), after);
-  stamp(dev, a, 1 * GiB, 12);
-  stamp(dev, b, 1 * GiB - 64 * MiB, 13);
-  EXPECT_TRUE(check(dev, a, 1 * GiB, 12));
-  EXPECT_TRUE(check(dev, b, 1 * GiB - 64 * MiB, 13));
-  EXPECT_TRUE(a + 1 * GiB <= b || b + 1 * GiB - 64 * MiB <= a) << "live blocks overlap";
+  ASSERT_EQ(pool.allocate(0, 700 * MiB, kAnyStream, &a), Status::ok);
+  EXPECT_EQ(dev.sim->calls(SimOp::release) - releases, 1u) << "one large handle given back";
+  EXPECT_EQ(pool.stats(0).handles, 6u - 1 + 51);
+  ASSERT_EQ(pool.allocate(0, 1300 * MiB, kAnyStream, &b), Status::ok);
+  EXPECT_EQ(dev.sim->calls(SimOp::release) - releases, 2u);
+  const DeviceStats s = pool.stats(0);
+  EXPECT_EQ(s.bytes_reserved, 2 * GiB) << "refinement neither grows nor shrinks the pool";
+  EXPECT_EQ(s.handles, 6u - 2 + 2 * 51);
+  EXPECT_EQ(pool.validate(0), "");
+  stamp(dev, a, 700 * MiB, 13);
+  stamp(dev, b, 1300 * MiB, 14);
+  EXPECT_TRUE(check(dev, a, 700 * MiB, 13));
+  EXPECT_TRUE(check(dev, b, 1300 * MiB, 14));
+  EXPECT_TRUE(a + 700 * MiB <= b || b + 1300 * MiB <= a) << "live blocks overlap";
   ASSERT_EQ(pool.deallocate(a), Status::ok);
   ASSERT_EQ(pool.deallocate(b), Status::ok);
   EXPECT_EQ(pool.validate(0), "");
 }
 
+// fresh_coarse_mb:0: every fresh range in ordinary handles, 205 for 2 GiB.
+TEST(Pool, FreshCoarseOffBacksEveryRangeInOrdinaryHandles) {
+  TestDevice dev = make_test_device();
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend's call counters";
+  Config cfg = inline_config();
+  cfg.fresh_coarse = 0;
+  Pool pool(*dev.backend, cfg);
+  DevPtr p = 0;
+  ASSERT_EQ(pool.allocate(0, 2 * GiB, kAnyStream, &p), Status::ok);
+  EXPECT_EQ(pool.stats(0).handles, 205u);
+  stamp(dev, p, 2 * GiB, 5);
+  EXPECT_TRUE(check(dev, p, 2 * GiB, 5));
+  ASSERT_EQ(pool.deallocate(p), Status::ok);
+}
+
 // Refinement gives a large handle back before it creates the small ones, so it never needs more
 // device memory than the pool holds. Where the driver then refuses memory (another process took
-// it), the rest of the range becomes unbacked: reserved shrinks, nothing is mapped that the books
-// do not know of, and the pool grows again when the memory is needed.
+// it), the rest of the handle's place becomes unbacked: reserved shrinks, nothing is mapped that
+// the books do not know of, the request is still served, and the pool grows again when needed.
 TEST(Pool, RefinementThatTheDriverCutsShortLeavesTheRestUnbacked) {
   TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend's call counters";
-  Pool pool(*dev.backend, coarse_fresh_config());
+  Pool pool(*dev.backend, inline_config());
   DevPtr p = 0;
   ASSERT_EQ(pool.allocate(0, 2 * GiB, kAnyStream, &p), Status::ok);
   ASSERT_EQ(pool.deallocate(p), Status::ok);
-  dev.sim->fail_nth(SimOp::create, 3);  // the third small handle of the first large one
   pool.drain_pending(0);
+  dev.sim->fail_nth(SimOp::create, 3);  // the third small handle of the first refinement
+  DevPtr a = 0;
+  ASSERT_EQ(pool.allocate(0, 700 * MiB, kAnyStream, &a), Status::ok);
   dev.sim->fail_nth(SimOp::create, 0);
   EXPECT_EQ(pool.validate(0), "");
   const DeviceStats s = pool.stats(0);
   EXPECT_LT(s.bytes_reserved, 2 * GiB);
   EXPECT_GE(s.bytes_reserved, 2 * GiB - 507 * MiB);
+  stamp(dev, a, 700 * MiB, 20);
   DevPtr q = 0;
   ASSERT_EQ(pool.allocate(0, 2 * GiB, kAnyStream, &q), Status::ok);
   stamp(dev, q, 2 * GiB, 21);
   EXPECT_TRUE(check(dev, q, 2 * GiB, 21));
+  EXPECT_TRUE(check(dev, a, 700 * MiB, 20));
+  EXPECT_TRUE(a + 700 * MiB <= q || q + 2 * GiB <= a) << "live blocks overlap";
   EXPECT_EQ(pool.validate(0), "");
   ASSERT_EQ(pool.deallocate(q), Status::ok);
+  ASSERT_EQ(pool.deallocate(a), Status::ok);
+}
+
+// A large handle lying idle that is too large to move where memory is missing goes back to the
+// driver before fresh memory is taken, so the pool does not hold it beside the new memory.
+// Free F (300 MiB: 10, 4 x 70, 10 MiB) lies between live blocks; free P (350 MiB) lies at the end
+// of what is backed. A 400 MiB request fits neither: it takes P and 50 MiB beyond it, which F's
+// two 10 MiB handles and 30 MiB of fresh memory back once one of F's 70 MiB handles is given back.
+TEST(Pool, IdleLargeHandleTooLargeToMoveGoesBackBeforeFreshMemory) {
+  TestDevice dev = make_test_device();
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend's call counters";
+  Config cfg = inline_config();
+  cfg.handle_share = 0;  // 10 MiB ordinary handles from the start
+  Pool pool(*dev.backend, cfg);
+  DevPtr l0 = 0, f = 0, l1 = 0, pp = 0;
+  ASSERT_EQ(pool.allocate(0, 20 * MiB, kAnyStream, &l0), Status::ok);
+  ASSERT_EQ(pool.allocate(0, 300 * MiB, kAnyStream, &f), Status::ok);
+  ASSERT_EQ(pool.allocate(0, 20 * MiB, kAnyStream, &l1), Status::ok);
+  ASSERT_EQ(pool.allocate(0, 350 * MiB, kAnyStream, &pp), Status::ok);
+  ASSERT_TRUE(l0 < f && f < l1 && l1 < pp) << "laid out in order";
+  const std::size_t handles = pool.stats(0).handles;
+  stamp(dev, l0, 20 * MiB, 1);
+  stamp(dev, l1, 20 * MiB, 2);
+  ASSERT_EQ(pool.deallocate(f), Status::ok);
+  ASSERT_EQ(pool.deallocate(pp), Status::ok);
+  pool.drain_pending(0);
+  const std::size_t reserved = pool.stats(0).bytes_reserved;
+  const auto releases = dev.sim->calls(SimOp::release);
+  DevPtr r = 0;
+  ASSERT_EQ(pool.allocate(0, 400 * MiB, kAnyStream, &r), Status::ok);
+  EXPECT_EQ(r, pp) << "at P, grown into what lies beyond it";
+  EXPECT_EQ(dev.sim->calls(SimOp::release) - releases, 1u) << "one 70 MiB handle given back";
+  EXPECT_EQ(pool.stats(0).bytes_reserved, reserved - 70 * MiB + 30 * MiB)
+      << "the pool holds less than before, not 50 MiB more";
+  EXPECT_EQ(pool.stats(0).handles, handles - 1 + 3);
+  EXPECT_EQ(pool.validate(0), "");
+  stamp(dev, r, 400 * MiB, 3);
+  EXPECT_TRUE(check(dev, r, 400 * MiB, 3));
+  EXPECT_TRUE(check(dev, l0, 20 * MiB, 1));
+  EXPECT_TRUE(check(dev, l1, 20 * MiB, 2));
+  for (DevPtr x : {l0, l1, r}) ASSERT_EQ(pool.deallocate(x), Status::ok);
+  EXPECT_EQ(pool.validate(0), "");
 }
 
 // Allocates `size` with cudaFree semantics and returns the handles the pool created for it; the
@@ -211,7 +287,9 @@ static std::uint64_t handles_created(TestDevice& dev, Pool& pool, std::size_t si
 TEST(Pool, SmallHeapsGetSmallHandles) {
   TestDevice dev = make_test_device({.capacity = 1024 * GiB});
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend's call counters";
-  Pool pool(*dev.backend, inline_config());
+  Config cfg = inline_config();
+  cfg.fresh_coarse = 0;  // every fresh range in ordinary handles: their size is the subject
+  Pool pool(*dev.backend, cfg);
   auto creates_for = [&](std::size_t size, DevPtr* p) {
     return handles_created(dev, pool, size, p);
   };
@@ -241,7 +319,9 @@ TEST(Pool, VeryLargeLiveBlocksDoNotMakeLaterHandlesLarge) {
   // qemu-user (the aarch64 stage) a 1 TiB device's address reservation costs ~19 GB of host memory.
   TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend's call counters";
-  Pool pool(*dev.backend, inline_config());
+  Config cfg = inline_config();
+  cfg.fresh_coarse = 0;  // every fresh range in ordinary handles: their size is the subject
+  Pool pool(*dev.backend, cfg);
   auto creates_for = [&](std::size_t size, DevPtr* p) {
     return handles_created(dev, pool, size, p);
   };
@@ -374,7 +454,9 @@ TEST(Pool, BlocksFreedOnOneStreamMergeForThatStreamAtOnce) {
 TEST(Pool, FreshHandlesAreAtMostAThousandthOfTheDevice) {
   TestDevice dev = make_test_device({.capacity = 4 * GiB});
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend's call counters";
-  Pool pool(*dev.backend, inline_config());
+  Config cfg = inline_config();
+  cfg.fresh_coarse = 0;  // every fresh range in ordinary handles: their size is the subject
+  Pool pool(*dev.backend, cfg);
   const auto creates = dev.sim->calls(SimOp::create);
   DevPtr p = 0;
   ASSERT_EQ(pool.allocate(0, 1 * GiB, kAnyStream, &p), Status::ok);

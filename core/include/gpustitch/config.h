@@ -54,14 +54,13 @@ struct Config {
   // 1.044-1.116x of demand to 1.013-1.052x, for 15-25% more driver time on the training traces
   // (large_heap.cpp).
   unsigned handle_share = 128;  // handle_share
-  // A fresh range of at least fresh_coarse_mb (0: never, the default) is backed by handles of the
-  // size above at both ends and at most 4 larger ones between them, replaced by ordinary ones
-  // once the block is freed and fenced (large_heap.cpp): a fresh 256 MiB-2 GiB block then costs
-  // 1.7-2.8x cudaMalloc on the H200 instead of 8-33x, at the same memory in replay. Off by
-  // default: in five interleaved rounds on the H200 (tools/gpu/memory_compare.sh) it ran HF Llama
-  // training 2-12% slower in every round (GPT training: -11% to +16%), so the allocation's driver
-  // work moved to the free is not free yet (docs/address-space.md).
-  std::size_t fresh_coarse = 0;  // fresh_coarse_mb
+  // A fresh range of at least fresh_coarse_mb (0: never) is backed by handles of the size above at
+  // both ends and at most 4 larger ones between them (large_heap.cpp): a fresh 256 MiB-2 GiB
+  // block then costs a few driver calls, as cudaMalloc does, instead of one per 10 MiB. A larger
+  // handle is replaced by ordinary ones only when a later block is cut inside it or it is too
+  // large to move where memory is needed, so a block freed and taken again at its size costs no
+  // driver call at all.
+  std::size_t fresh_coarse = 256 * MiB;  // fresh_coarse_mb
   // Frees wait for device work on a background thread (thread), or only when an allocation
   // needs their memory (inline: deterministic, for tests and replay).
   bool background_reclaim = true;  // reclaim:thread|inline
