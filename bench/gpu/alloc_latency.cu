@@ -195,14 +195,14 @@ bool time_one_allocation(gpustitch::Pool& pool, std::size_t size,
   return true;
 }
 
-// One fresh allocation of size from an empty pool, with the default configuration (ordinary
-// handles) or with a few large ones (fresh_coarse_mb:256).
-LargeRow pool_fresh(gpustitch::Backend& backend, std::size_t size, int reps, bool coarse) {
-  LargeRow row{coarse ? "pool, fresh, a few large handles (fresh_coarse_mb:256)" : "pool, fresh",
+// One fresh allocation of size from an empty pool, with the default configuration (a fresh range
+// of 256 MiB and more gets a few large handles) or with ordinary handles only (fresh_coarse_mb:0).
+LargeRow pool_fresh(gpustitch::Backend& backend, std::size_t size, int reps, bool ordinary) {
+  LargeRow row{ordinary ? "pool, fresh, ordinary handles only (fresh_coarse_mb:0)" : "pool, fresh",
                size};
   std::vector<double> t;
   gpustitch::Config config;
-  if (coarse) config.fresh_coarse = 256 * MiB;
+  if (ordinary) config.fresh_coarse = 0;
   gpustitch::Pool pool(backend, config);
   for (int r = 0; r < reps; ++r) {
     if (!time_one_allocation(pool, size, &gpustitch::DeviceStats::fresh, "not served fresh", &row,
@@ -215,18 +215,12 @@ LargeRow pool_fresh(gpustitch::Backend& backend, std::size_t size, int reps, boo
   return row;
 }
 
-// Where fresh_coarse_mb pays for its few large handles: the first free of a fresh block and its
-// fence, which give the large handles back and back their places with ordinary ones (against
-// cudaFree of the same size in the cudaMalloc column).
+// The free of a fresh block and its fence (against cudaFree of the same size in the cudaMalloc
+// column): the large handles stay as they are, so this costs no driver call.
 LargeRow pool_fresh_free(gpustitch::Backend& backend, std::size_t size, int reps) {
-  LargeRow row{
-      "pool, fresh_coarse_mb:256, free + fence of a fresh block (refines its large "
-      "handles; vs cudaFree)",
-      size};
+  LargeRow row{"pool, free + fence of a fresh block (vs cudaFree)", size};
   std::vector<double> t;
-  gpustitch::Config config;
-  config.fresh_coarse = 256 * MiB;
-  gpustitch::Pool pool(backend, config);
+  gpustitch::Pool pool(backend, gpustitch::Config{});
   for (int r = 0; r < reps; ++r) {
     DevPtr p = 0;
     if (pool.allocate(0, size, gpustitch::kAnyStream, &p) != gpustitch::Status::ok) {
@@ -241,6 +235,39 @@ LargeRow pool_fresh_free(gpustitch::Backend& backend, std::size_t size, int reps
   }
   row.pool_us = summarize(t).median;
   row.ok = true;
+  return row;
+}
+
+// Where the few large handles are paid for: the first block cut inside one of them (5/8 of a freed
+// fresh block), which gives that handle back and backs its place with ordinary ones (against
+// cudaMalloc of the cut's size). A block taken again at its own size pays nothing.
+LargeRow pool_cut_refines(gpustitch::Backend& backend, std::size_t size, int reps) {
+  LargeRow row{"pool, cached, 5/8 of a freed fresh block (refines one large handle)", size};
+  std::vector<double> t;
+  gpustitch::Pool pool(backend, gpustitch::Config{});
+  for (int r = 0; r < reps; ++r) {
+    DevPtr p = 0;
+    if (pool.allocate(0, size, gpustitch::kAnyStream, &p) != gpustitch::Status::ok) {
+      row.note = "allocate failed";
+      return row;
+    }
+    pool.deallocate(p);
+    pool.drain_pending(0);
+    const auto before = pool.stats(0);
+    const auto t0 = Clock::now();
+    const auto st = pool.allocate(0, size / 8 * 5, gpustitch::kAnyStream, &p);
+    t.push_back(ns_between(t0, Clock::now()) / 1000);
+    if (st != gpustitch::Status::ok) {
+      row.note = "allocate failed";
+      return row;
+    }
+    if (pool.stats(0).handles <= before.handles) row.note = "refined nothing";
+    pool.deallocate(p);
+    pool.drain_pending(0);
+    pool.trim(0);
+  }
+  row.pool_us = summarize(t).median;
+  row.ok = row.note.empty();
   return row;
 }
 
@@ -523,6 +550,9 @@ int main(int argc, char** argv) {
     LargeRow freed = pool_fresh_free(*backend, size, reps);
     freed.cuda_malloc_us = cuda_free_us(size, reps);
     large_rows.push_back(freed);
+    LargeRow cut = pool_cut_refines(*backend, size, reps);
+    cut.cuda_malloc_us = cuda_malloc_us(size / 8 * 5, reps);
+    large_rows.push_back(cut);
   }
 
   std::printf("## alloc_latency: %s, driver %d, runtime %d (%s cudart), libgpustitch %s\n\n",

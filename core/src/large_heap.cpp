@@ -174,13 +174,23 @@ std::size_t LargeHeap::fine_handle(std::size_t fresh) const noexcept {
   return std::max(smallest, std::min(align_up(fresh / per_gap, g), cap));
 }
 
-LargeHeap::FreshPlan LargeHeap::plan_fresh(std::size_t fresh, std::size_t handle) const noexcept {
-  FreshPlan plan{fresh, handle, handle};
+LargeHeap::FreshPlan LargeHeap::plan_fresh(std::size_t fresh, std::size_t handle, bool head,
+                                           bool tail) const noexcept {
+  FreshPlan plan{fresh, 0, handle, 0};
   const std::size_t g = options_.granularity;
-  if (options_.coarse_min == 0 || fresh < options_.coarse_min || fresh <= 2 * handle) return plan;
-  const std::size_t inner = fresh - 2 * handle;
-  const std::size_t per = std::max<std::size_t>(options_.coarse_handles, 1);
-  plan.inner = std::max(handle, std::min(align_up((inner + per - 1) / per, g), coarse_cap_));
+  if (options_.coarse_min == 0 || fresh < options_.coarse_min) return plan;
+  // One granule where the block leaves part of it free: the live block pins no more than an
+  // ordinary handle would there (the smallest one), and the large handles lie wholly inside it.
+  plan.head = head ? g : 0;
+  plan.tail = tail ? g : 0;
+  if (plan.head + plan.tail >= fresh) return FreshPlan{fresh, 0, handle, 0};
+  const std::size_t inner = fresh - plan.head - plan.tail;
+  // Handles of coarse_min or more, at most coarse_handles of them: a cut inside one later
+  // refines it (refine_at), which costs one ordinary handle per max_handle bytes of it, so a
+  // 256 MiB block is one handle and a 2 GiB one four.
+  const std::size_t per = std::clamp<std::size_t>(inner / options_.coarse_min, 1,
+                                                  std::max<std::size_t>(options_.coarse_handles, 1));
+  plan.inner = std::max(g, std::min(align_up((inner + per - 1) / per, g), coarse_cap_));
   return plan;
 }
 
@@ -353,7 +363,7 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
     // that handle first (refine_at), and the window is placed again. Each pass refines one.
     if (!refine_at(w.start) && !refine_at(w.start + rounded)) break;
   }
-  const std::size_t need = w.gap_hi - w.gap_lo;
+  std::size_t need = w.gap_hi - w.gap_lo;
   // Plan: which handles fill the gap, spares first, then idle ones, then fresh.
   chosen_.clear();
   std::size_t remaining = need;
@@ -380,20 +390,48 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
   // heap holds then shrinks, where moving their ordinary-size parts would have kept it level.
   if (remaining != 0 && coarse_created_ != 0) {
     std::size_t given_back = 0;
-    for (Handle* h : candidates_) {
+    for (Handle*& h : candidates_) {
       if (given_back >= remaining) break;
       if (h->size <= fine_cap_ || std::find(chosen_.begin(), chosen_.end(), h) != chosen_.end()) {
         continue;
       }
       given_back += release_mapped(h);
+      h = nullptr;  // gone (or, refused by the driver, no longer mapped here)
     }
     fresh_allowance = given_back > SIZE_MAX - fresh_allowance ? SIZE_MAX
                                                               : fresh_allowance + given_back;
     growth->released_bytes = given_back;
   }
-  const std::size_t fresh = remaining;
+  // Idle handles rarely add up to the gap exactly (20 MiB handles for 2,048 MiB leave 8 MiB). Where
+  // the device has no fresh memory for the rest (the cap, or the driver refuses it below), the
+  // smallest idle handle larger than it goes last and the gap grows into the unbacked region
+  // beyond it by the excess, which becomes free memory after the block: the request is served
+  // from what the pool holds, not by giving the cache back to the driver and creating it afresh
+  // (SeedsScenario in tests/core/pool_test.cpp).
+  auto overshoot = [&] {
+    if (!options_.move || remaining == 0 || chosen_.size() == chosen_.capacity()) return false;
+    Handle* over = nullptr;
+    for (Handle* h : candidates_) {
+      if (h != nullptr && h->size > remaining && (over == nullptr || h->size < over->size) &&
+          std::find(chosen_.begin(), chosen_.end(), h) == chosen_.end()) {
+        over = h;
+      }
+    }
+    if (over == nullptr || w.unbacked->end() - w.gap_hi < over->size - remaining) return false;
+    chosen_.push_back(over);  // within capacity (checked above)
+    ++moved;
+    w.gap_hi += over->size - remaining;
+    need = w.gap_hi - w.gap_lo;
+    remaining = 0;
+    return true;
+  };
+  if (remaining > fresh_allowance) overshoot();
+  std::size_t fresh = remaining;
   if (fresh > fresh_allowance) return Status::out_of_memory;
-  const FreshPlan plan = plan_fresh(fresh, fine_handle(fresh));
+  // The fresh handles go last in the gap (mapped in chosen_'s order): the first granule is theirs
+  // only when nothing else backs the gap.
+  const FreshPlan plan = plan_fresh(fresh, fine_handle(fresh), fresh == need && w.start > w.gap_lo,
+                                    w.start + rounded < w.gap_hi);
   const std::size_t fresh_count = plan.count();
   // Nodes for every split below (the window's, two per moved handle, two per handle a failed
   // rollback may leave mapped), so that no step fails half-way for want of host memory.
@@ -423,7 +461,9 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
     const std::size_t size = plan.next(done);
     if (backing_.create(size, &h) != Status::ok) {
       release_created();
-      return Status::out_of_memory;
+      if (!overshoot()) return Status::out_of_memory;
+      fresh = 0;  // the excess of an idle handle stands in for it
+      break;
     }
     chosen_.push_back(h);  // within the capacity reserved above
     ++created;

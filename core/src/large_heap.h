@@ -32,8 +32,9 @@ class LargeHeap {
     // And none above 1/handle_share of the physical memory the heap holds outside very large
     // live blocks (0: no such bound; large_heap.cpp: which blocks, and why).
     std::size_t handle_share = 0;
-    // Fresh memory of at least coarse_min bytes (0: never) gets max_handle handles at both ends
-    // and at most coarse_handles larger ones between them (large_heap.cpp: fresh-block cost).
+    // Fresh memory of at least coarse_min bytes (0: never) comes in at most coarse_handles
+    // handles of coarse_min or more, with one granule at an end the block only partly covers
+    // (large_heap.cpp: fresh-block cost).
     std::size_t coarse_min = 0;
     std::size_t coarse_handles = 4;
     bool move = true;  // back requests with idle handles moved from elsewhere
@@ -141,14 +142,15 @@ class LargeHeap {
     Block* prev = nullptr;  // free neighbours the window may use
     Block* next = nullptr;
   };
-  // The sizes of the fresh handles for one gap, in mapping order: `edge` bytes at each end and
-  // `inner` bytes per handle between them (inner == edge: all alike).
+  // The sizes of the fresh handles for one gap, in mapping order: `head` bytes first and `tail`
+  // bytes last where set (0: none), `inner` bytes per handle between them (the last one smaller).
   struct FreshPlan {
-    std::size_t total = 0, edge = 0, inner = 0;
+    std::size_t total = 0, head = 0, inner = 0, tail = 0;
     std::size_t next(std::size_t done) const noexcept {
       const std::size_t left = total - done;
-      if (inner == edge || done < edge || left <= edge) return std::min(edge, left);
-      return std::min(inner, left - edge);
+      if (done < head) return std::min(head - done, left);
+      if (left <= tail) return left;
+      return std::min(inner, left - tail);
     }
     std::size_t count() const noexcept {
       std::size_t n = 0;
@@ -156,7 +158,9 @@ class LargeHeap {
       return n;
     }
   };
-  FreshPlan plan_fresh(std::size_t fresh, std::size_t handle) const noexcept;
+  // `handle`: the ordinary size. head/tail: the block leaves part of the fresh range's first/last
+  // granule free, which it would pin with the handle there.
+  FreshPlan plan_fresh(std::size_t fresh, std::size_t handle, bool head, bool tail) const noexcept;
   // The ordinary size of a fresh handle when the heap grows by `fresh` bytes.
   std::size_t fine_handle(std::size_t fresh) const noexcept;
   bool refine(Handle* h) noexcept;

@@ -121,11 +121,11 @@ TEST(Pool, FreshHandlesAreAtMostMaxHandleMb) {
 }
 
 // A fresh large block costs a few driver calls, as cudaMalloc does (fresh_coarse_mb, 256 MiB by
-// default): it is backed by 10 MiB handles at both ends, where neighbours may later touch it, and
-// 4 larger ones between them. Freed and taken again at its size, it costs no driver call. Only a
-// block cut inside one of the larger handles replaces that handle by 10 MiB ones first, so that
-// the live block pins, and moves take, memory in ordinary pieces; reserved memory does not
-// change, and the memory serves requests with their bytes intact.
+// default): at most 4 handles of 256 MiB or more, and one granule at an end the block only partly
+// covers. Freed and taken again at its size, it costs no driver call. Only a block cut inside one
+// of the large handles replaces that handle by 10 MiB ones first, so that the live block pins,
+// and moves take, memory in ordinary pieces; reserved memory does not change, and the memory
+// serves requests with their bytes intact.
 TEST(Pool, FreshLargeBlockIsAFewHandlesRefinedWhereACutNeedsIt) {
   TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend's call counters";
@@ -134,9 +134,9 @@ TEST(Pool, FreshLargeBlockIsAFewHandlesRefinedWhereACutNeedsIt) {
   const auto accesses = dev.sim->calls(SimOp::set_access);
   DevPtr p = 0;
   ASSERT_EQ(pool.allocate(0, 2 * GiB, kAnyStream, &p), Status::ok);
-  EXPECT_EQ(dev.sim->calls(SimOp::create) - creates, 6u) << "10 MiB, 4 x 507 MiB, 10 MiB";
+  EXPECT_EQ(dev.sim->calls(SimOp::create) - creates, 4u) << "4 x 512 MiB";
   EXPECT_EQ(dev.sim->calls(SimOp::set_access) - accesses, 1u);
-  EXPECT_EQ(pool.stats(0).handles, 6u);
+  EXPECT_EQ(pool.stats(0).handles, 4u);
   EXPECT_EQ(pool.stats(0).bytes_reserved, 2 * GiB);
   stamp(dev, p, 2 * GiB, 11);
   EXPECT_TRUE(check(dev, p, 2 * GiB, 11));
@@ -159,20 +159,20 @@ TEST(Pool, FreshLargeBlockIsAFewHandlesRefinedWhereACutNeedsIt) {
   EXPECT_TRUE(check(dev, p, 2 * GiB, 12));
   ASSERT_EQ(pool.deallocate(p), Status::ok);
   pool.drain_pending(0);
-  EXPECT_EQ(pool.stats(0).handles, 6u) << "the free refines nothing";
+  EXPECT_EQ(pool.stats(0).handles, 4u) << "the free refines nothing";
 
-  // 700 MiB ends inside the second large handle [517, 1024) MiB: that one alone is replaced by
-  // 51 handles of at most 10 MiB. 1,300 MiB more end inside the fourth [1531, 2038).
+  // 700 MiB ends inside the second large handle [512, 1024) MiB: that one alone is replaced by
+  // 52 handles (51 of 10 MiB, one of 2). 1,300 MiB more end inside the fourth [1536, 2048).
   const auto releases = dev.sim->calls(SimOp::release);
   DevPtr a = 0, b = 0;
   ASSERT_EQ(pool.allocate(0, 700 * MiB, kAnyStream, &a), Status::ok);
   EXPECT_EQ(dev.sim->calls(SimOp::release) - releases, 1u) << "one large handle given back";
-  EXPECT_EQ(pool.stats(0).handles, 6u - 1 + 51);
+  EXPECT_EQ(pool.stats(0).handles, 4u - 1 + 52);
   ASSERT_EQ(pool.allocate(0, 1300 * MiB, kAnyStream, &b), Status::ok);
   EXPECT_EQ(dev.sim->calls(SimOp::release) - releases, 2u);
   const DeviceStats s = pool.stats(0);
   EXPECT_EQ(s.bytes_reserved, 2 * GiB) << "refinement neither grows nor shrinks the pool";
-  EXPECT_EQ(s.handles, 6u - 2 + 2 * 51);
+  EXPECT_EQ(s.handles, 4u - 2 + 2 * 52);
   EXPECT_EQ(pool.validate(0), "");
   stamp(dev, a, 700 * MiB, 13);
   stamp(dev, b, 1300 * MiB, 14);
@@ -218,7 +218,7 @@ TEST(Pool, RefinementThatTheDriverCutsShortLeavesTheRestUnbacked) {
   EXPECT_EQ(pool.validate(0), "");
   const DeviceStats s = pool.stats(0);
   EXPECT_LT(s.bytes_reserved, 2 * GiB);
-  EXPECT_GE(s.bytes_reserved, 2 * GiB - 507 * MiB);
+  EXPECT_GE(s.bytes_reserved, 2 * GiB - 512 * MiB);
   stamp(dev, a, 700 * MiB, 20);
   DevPtr q = 0;
   ASSERT_EQ(pool.allocate(0, 2 * GiB, kAnyStream, &q), Status::ok);
@@ -233,9 +233,9 @@ TEST(Pool, RefinementThatTheDriverCutsShortLeavesTheRestUnbacked) {
 
 // A large handle lying idle that is too large to move where memory is missing goes back to the
 // driver before fresh memory is taken, so the pool does not hold it beside the new memory.
-// Free F (300 MiB: 10, 4 x 70, 10 MiB) lies between live blocks; free P (350 MiB) lies at the end
-// of what is backed. A 400 MiB request fits neither: it takes P and 50 MiB beyond it, which F's
-// two 10 MiB handles and 30 MiB of fresh memory back once one of F's 70 MiB handles is given back.
+// Free F (300 MiB: one handle) lies between live blocks; free P (350 MiB) lies at the end of what
+// is backed. A 400 MiB request fits neither: it takes P and 50 MiB beyond it, and F's handle goes
+// back before 50 MiB of fresh memory (5 handles of 10 MiB) come.
 TEST(Pool, IdleLargeHandleTooLargeToMoveGoesBackBeforeFreshMemory) {
   TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend's call counters";
@@ -259,10 +259,10 @@ TEST(Pool, IdleLargeHandleTooLargeToMoveGoesBackBeforeFreshMemory) {
   DevPtr r = 0;
   ASSERT_EQ(pool.allocate(0, 400 * MiB, kAnyStream, &r), Status::ok);
   EXPECT_EQ(r, pp) << "at P, grown into what lies beyond it";
-  EXPECT_EQ(dev.sim->calls(SimOp::release) - releases, 1u) << "one 70 MiB handle given back";
-  EXPECT_EQ(pool.stats(0).bytes_reserved, reserved - 70 * MiB + 30 * MiB)
+  EXPECT_EQ(dev.sim->calls(SimOp::release) - releases, 1u) << "F's handle given back";
+  EXPECT_EQ(pool.stats(0).bytes_reserved, reserved - 300 * MiB + 50 * MiB)
       << "the pool holds less than before, not 50 MiB more";
-  EXPECT_EQ(pool.stats(0).handles, handles - 1 + 3);
+  EXPECT_EQ(pool.stats(0).handles, handles - 1 + 5);
   EXPECT_EQ(pool.validate(0), "");
   stamp(dev, r, 400 * MiB, 3);
   EXPECT_TRUE(check(dev, r, 400 * MiB, 3));
