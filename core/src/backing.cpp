@@ -2,6 +2,7 @@
 #include "backing.h"
 
 #include <algorithm>
+#include <chrono>
 #include <new>
 
 namespace gpustitch::detail {
@@ -35,10 +36,21 @@ Backing::~Backing() {
   }
 }
 
+template <class Call>
+Status Backing::timed(Call&& call) noexcept {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status s = call();
+  driver_ns_ += static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+          .count());
+  ++driver_calls_;
+  return s;
+}
+
 Status Backing::create(std::size_t size, Handle** out) noexcept {
   auto* h = new (std::nothrow) Handle;
   if (h == nullptr) return Status::out_of_memory;
-  if (Status s = backend_.create(device_, size, &h->id); s != Status::ok) {
+  if (Status s = timed([&] { return backend_.create(device_, size, &h->id); }); s != Status::ok) {
     delete h;
     return s == Status::ok ? Status::out_of_memory : s;
   }
@@ -51,7 +63,9 @@ Status Backing::create(std::size_t size, Handle** out) noexcept {
 }
 
 Status Backing::map(Handle* h, DevPtr at) noexcept {
-  if (Status s = backend_.map(at, h->size, h->id, 0); s != Status::ok) return s;
+  if (Status s = timed([&] { return backend_.map(at, h->size, h->id, 0); }); s != Status::ok) {
+    return s;
+  }
   spares_.erase(spares_.iterator_to(*h));
   h->at = at;
   mapped_.insert(*h);
@@ -60,7 +74,7 @@ Status Backing::map(Handle* h, DevPtr at) noexcept {
 }
 
 Status Backing::unmap(Handle* h) noexcept {
-  if (Status s = backend_.unmap(h->at, h->size); s != Status::ok) return s;
+  if (Status s = timed([&] { return backend_.unmap(h->at, h->size); }); s != Status::ok) return s;
   mapped_.erase(mapped_.iterator_to(*h));
   mapped_bytes_ -= h->size;
   h->at = 0;
@@ -70,7 +84,7 @@ Status Backing::unmap(Handle* h) noexcept {
 
 void Backing::release(Handle* h) noexcept {
   spares_.erase(spares_.iterator_to(*h));
-  if (backend_.release(h->id) == Status::ok) {
+  if (timed([&] { return backend_.release(h->id); }) == Status::ok) {
     held_bytes_ -= h->size;
     --count_;
     delete h;
@@ -88,7 +102,7 @@ void Backing::release(Handle* h) noexcept {
 std::size_t Backing::retry_failed() noexcept {
   std::size_t released = 0;
   std::erase_if(failed_, [&](Handle* h) {
-    if (backend_.release(h->id) != Status::ok) return false;
+    if (timed([&] { return backend_.release(h->id); }) != Status::ok) return false;
     released += h->size;
     held_bytes_ -= h->size;
     failed_bytes_ -= h->size;
@@ -100,7 +114,9 @@ std::size_t Backing::retry_failed() noexcept {
 }
 
 Status Backing::set_access(DevPtr ptr, std::size_t size) noexcept {
-  return backend_.set_access(ptr, size, std::span<const int>(access_.data(), access_.size()));
+  return timed([&] {
+    return backend_.set_access(ptr, size, std::span<const int>(access_.data(), access_.size()));
+  });
 }
 
 bool Backing::has_peer(int device) const noexcept {

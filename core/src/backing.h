@@ -75,6 +75,10 @@ class Backing {
   std::size_t mapped_bytes() const noexcept { return mapped_bytes_; }
   std::size_t spare_bytes() const noexcept { return held_bytes_ - mapped_bytes_ - failed_bytes_; }
   std::size_t handle_count() const noexcept { return count_; }
+  // The driver calls made through this class (create, map, set access, unmap, release) and the
+  // time spent in them: what the pool's layout costs, next to what the program does.
+  std::uint64_t driver_calls() const noexcept { return driver_calls_; }
+  std::uint64_t driver_ns() const noexcept { return driver_ns_; }
 
  private:
   Backend& backend_;
@@ -87,6 +91,11 @@ class Backing {
   std::size_t mapped_bytes_ = 0;
   std::size_t failed_bytes_ = 0;
   std::size_t count_ = 0;
+  std::uint64_t driver_calls_ = 0;
+  std::uint64_t driver_ns_ = 0;
+
+  template <class Call>
+  Status timed(Call&& call) noexcept;  // one backend call, counted and timed
 };
 
 }  // namespace gpustitch::detail

@@ -147,6 +147,8 @@ DeviceStats DevicePool::stats() const noexcept {
   s.device_total = have_info ? device_total : total_;
   s.bytes_cached = s.bytes_reserved - s.bytes_allocated;
   s.largest_free_block = heap_.largest_free();
+  s.driver_calls = heap_.backing().driver_calls() + chunks_.backing().driver_calls();
+  s.driver_ns = heap_.backing().driver_ns() + chunks_.backing().driver_ns();
   s.largest_possible = usable_ ? largest_possible_locked(device_free, false) : 0;
   return s;
 }

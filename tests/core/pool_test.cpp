@@ -153,6 +153,7 @@ TEST(Pool, FreshLargeBlockIsAFewHandlesRefinedWhereACutNeedsIt) {
     return n;
   };
   const auto calls = total_calls();
+  EXPECT_EQ(pool.stats(0).driver_calls, calls) << "the pool counts each driver call it makes";
   ASSERT_EQ(pool.allocate(0, 2 * GiB, kAnyStream, &p), Status::ok);
   EXPECT_EQ(total_calls(), calls) << "a free and a new block of the same size: the cache";
   stamp(dev, p, 2 * GiB, 12);

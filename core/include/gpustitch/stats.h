@@ -51,6 +51,10 @@ struct DeviceStats {
   std::uint64_t bytes_lent = 0;
   std::uint64_t lends = 0;
   std::uint64_t handles_taken_back = 0;
+  // Physical-memory driver calls the pool made (create, map, set access, unmap, release) and the
+  // time spent in them since start, whichever thread made them.
+  std::uint64_t driver_calls = 0;
+  std::uint64_t driver_ns = 0;
   std::uint64_t hist_allocs[kHistogramBuckets] = {};  // allocations since start, by size
   std::uint64_t hist_live[kHistogramBuckets] = {};    // live allocations now, by size
 
