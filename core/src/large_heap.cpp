@@ -188,8 +188,8 @@ LargeHeap::FreshPlan LargeHeap::plan_fresh(std::size_t fresh, std::size_t handle
   // Handles of coarse_min or more, at most coarse_handles of them: a cut inside one later
   // refines it (refine_at), which costs one ordinary handle per max_handle bytes of it, so a
   // 256 MiB block is one handle and a 2 GiB one four.
-  const std::size_t per = std::clamp<std::size_t>(inner / options_.coarse_min, 1,
-                                                  std::max<std::size_t>(options_.coarse_handles, 1));
+  const std::size_t per = std::clamp<std::size_t>(
+      inner / options_.coarse_min, 1, std::max<std::size_t>(options_.coarse_handles, 1));
   plan.inner = std::max(g, std::min(align_up((inner + per - 1) / per, g), coarse_cap_));
   return plan;
 }
@@ -398,8 +398,8 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
       given_back += release_mapped(h);
       h = nullptr;  // gone (or, refused by the driver, no longer mapped here)
     }
-    fresh_allowance = given_back > SIZE_MAX - fresh_allowance ? SIZE_MAX
-                                                              : fresh_allowance + given_back;
+    fresh_allowance =
+        given_back > SIZE_MAX - fresh_allowance ? SIZE_MAX : fresh_allowance + given_back;
     growth->released_bytes = given_back;
   }
   // Idle handles rarely add up to the gap exactly (20 MiB handles for 2,048 MiB leave 8 MiB). Where

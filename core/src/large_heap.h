@@ -46,9 +46,9 @@ class LargeHeap {
   struct Growth {
     std::size_t fresh_bytes = 0;  // created for it
     std::size_t fresh_handles = 0;
-    std::size_t moved_handles = 0;  // unmapped where they lay free and mapped here
-    std::size_t spare_handles = 0;  // held unmapped, mapped here
-    std::size_t moved_bytes = 0;    // moved and spare
+    std::size_t moved_handles = 0;   // unmapped where they lay free and mapped here
+    std::size_t spare_handles = 0;   // held unmapped, mapped here
+    std::size_t moved_bytes = 0;     // moved and spare
     std::size_t released_bytes = 0;  // idle coarse handles given back before fresh ones came
   };
 

@@ -99,11 +99,11 @@ TEST(Pool, FreshHandlesAreAtMostMaxHandleMb) {
   };
   // handle_share (a later test) is off where it would make the handles smaller than the case
   // is about, and fresh_coarse_mb (the next tests) everywhere.
-  for (Case c : {Case{"fresh_coarse_mb:0", 205},
-                 Case{"fresh_coarse_mb:0,max_handle_mb:0,handle_share:0", 2},
-                 Case{"fresh_coarse_mb:0,max_handle_mb:256,handle_share:0", 8},
-                 Case{"fresh_coarse_mb:0,max_handle_mb:16", 128},
-                 Case{"fresh_coarse_mb:0,fresh_handles:16,max_handle_mb:0", 16}}) {
+  for (Case c :
+       {Case{"fresh_coarse_mb:0", 205}, Case{"fresh_coarse_mb:0,max_handle_mb:0,handle_share:0", 2},
+        Case{"fresh_coarse_mb:0,max_handle_mb:256,handle_share:0", 8},
+        Case{"fresh_coarse_mb:0,max_handle_mb:16", 128},
+        Case{"fresh_coarse_mb:0,fresh_handles:16,max_handle_mb:0", 16}}) {
     ConfigResult r = parse_config(c.conf, inline_config());
     ASSERT_TRUE(r.errors.empty()) << c.conf;
     const auto creates = dev.sim->calls(SimOp::create);
