@@ -54,27 +54,35 @@
 //     every later block of gpt_seqlen_b5 10 MiB handles: 1.017x of demand in replay against
 //     1.011x without it; left out, 1.011x (1.014x in stream order, as without it). Any threshold
 //     from 1 to 16 GiB gave the same figures on every recorded trace;
-//   - with fresh_coarse_mb set (off by default), a fresh gap of that size or more is the
-//     exception (plan_fresh): ordinary handles at both ends, where neighbours may later touch
-//     it, and at most 4 large ones (up to 1/64 of the device) between them, so that a fresh 2 GiB
-//     block costs 6 creates and one cuMemSetAccess instead of 205. On the H200 (alloc_latency
-//     --quick, two runs) a fresh 256 MiB block took 0.43 ms against 1.4-1.6 ms with ordinary
-//     handles and 0.16 ms for cudaMalloc (2.6-2.8x), 2 GiB 0.63-0.73 ms against 10.9-12.3 and
-//     0.37 (1.7-2.0x). The large handles would pin: once the block is freed and fenced they lie
-//     wholly idle, and refine_idle() gives each back and backs its place with ordinary handles
-//     (release first, so that refinement never needs more device memory than the pool holds).
-//     In replay (--whole-handles, 140 GiB) 256 MiB held every recorded trace within 0.2% of
-//     ordinary handles (gpt_seqlen_b5 1.011 -> 1.013, hf_llama_train 1.016 -> 1.014; in stream
-//     order 1.014 -> 1.015 and 1.016 -> 1.017), for 5-7% more driver time; 128 MiB gave 1.010
-//     with cudaFree semantics but 1.018 in stream order, where a stream reuses its freed block
-//     before the fence, cutting and pinning the large handles before they can be refined;
-//     without refinement, 64 MiB held 1.026 and bucketed sizes 1.064. It stays off because the
-//     work moves rather than vanishes: the refining free and fence of a fresh block took 3.5-4.1
-//     ms (256 MiB) and 12.1-12.8 ms (2 GiB) on the H200, under the device lock, and in five
-//     interleaved rounds of tools/gpu/memory_compare.sh HF Llama training ran 2-12% slower with
-//     256 MiB in every round (GPT training -11% to +16%), at the same memory (+0.1-0.4%). What
-//     would make it the default: refinement off the device lock (the place marked busy while the
-//     reclaimer re-backs it), or only where a cut or a move needs part of a large handle;
+//   - a fresh gap of fresh_coarse_mb (256 MiB) or more is the exception (plan_fresh): at most 4
+//     handles of fresh_coarse_mb or more (none above 1/64 of the device), plus one granule at an
+//     end the block only partly covers, where it would otherwise pin a large handle's free rest.
+//     A fresh 256 MiB block is then one create, one map and one cuMemSetAccess, 2 GiB four,
+//     instead of 26 and 205: on the H200 (alloc_latency --quick, three runs) 0.13-0.14 ms
+//     against 1.2-2.1 ms with ordinary handles and 0.17-0.19 ms for cudaMalloc (0.7-0.8x), 2 GiB
+//     0.26-0.42 ms against 8.0-12.0 ms and 0.16-0.28 ms (1.5-2.0x). Large handles pin what live
+//     blocks leave free in them, so they are refined, each once, where that matters and not
+//     before (an earlier form refined every large handle at the fence of its block's first free:
+//     3.5-12.8 ms per free on the H200, under the device lock, and HF training 2-12% slower):
+//       - a block cut out of fenced free memory with its end inside a large handle (refine_at,
+//         from DevicePool's best fit and from grow()'s window): the handle is released and its
+//         place backed with ordinary handles (release first, so that refinement never needs more
+//         device memory than the pool holds). 1.2-3.6 ms per handle on the H200, once; a block
+//         freed and taken again at its own size costs no driver call. Memory waiting for its fence
+//         (a stream reusing its own block) is never refined: the GPU may still use it;
+//       - a miss whose idle candidates include a large handle too large for what is missing: it
+//         goes back to the driver before fresh memory is taken, so the pool shrinks rather than
+//         holding it beside the new memory;
+//       - a release (trim, release threshold, cooperative release) well below a large handle:
+//         it is refined first, so that what leaves the cache is close to what was asked.
+//     In replay (--whole-handles, 140 GiB) every recorded trace stays within 0.2% of ordinary
+//     handles (gpt_seqlen_b5 1.011 -> 1.012, hf_llama_train 1.016 -> 1.016; in stream order
+//     1.014 -> 1.016 and 1.016 -> 1.016) for the same or less driver time (hf_llama_train 86 ->
+//     76 ms, in stream order 86 -> 60; gpt_seqlen_b5 114 -> 114 and 113 -> 103). With ordinary
+//     handles at both ends instead of one granule, 128 MiB held gpt_seqlen_b5 at 1.022 in stream
+//     order and 64 MiB bucketed sizes at 1.12. On the H200 the pool's driver time fell from 867 to
+//     164-174 ms on GPT training under the balloon and from 116-120 to 99-118 ms on HF training, at
+//     the same peak reserved; tokens/s are within the runs' spread (README, Performance);
 //   - moving a handle costs a cuMemUnmap (~18 us), a cuMemMap and its share of one
 //     cuMemSetAccess, and no create/release: reserved stays the same. Expandable segments instead
 //     release and re-create pages, and only at out-of-memory;
@@ -213,12 +221,30 @@ bool LargeHeap::refine_at(DevPtr boundary) noexcept {
   if (coarse_created_ == 0) return false;
   Handle* h = backing_.handle_at(boundary);
   if (h == nullptr || h->at == boundary || h->size <= fine_cap_ || !idle(h)) return false;
-  return refine(h);
+  return split_at(h, boundary);
 }
 
 bool LargeHeap::refine(Handle* h) noexcept {
   const std::size_t fine = std::min(fine_handle(h->size), fine_cap_);
-  const std::size_t count = (h->size + fine - 1) / fine;
+  return rebuild(
+      h, [fine](std::size_t done, std::size_t size) { return std::min(fine, size - done); });
+}
+
+bool LargeHeap::split_at(Handle* h, DevPtr boundary) noexcept {
+  // Three handles: before the granule the cut lies in, that granule, and after it.
+  const std::size_t g = options_.granularity;
+  const std::size_t lo = align_down(boundary, g) - h->at;
+  return rebuild(h, [lo, g](std::size_t done, std::size_t size) {
+    if (done < lo) return lo - done;
+    if (done == lo) return std::min(g, size - done);
+    return size - done;
+  });
+}
+
+template <class NextPart>
+bool LargeHeap::rebuild(Handle* h, NextPart next_part) noexcept {
+  std::size_t count = 0;
+  for (std::size_t done = 0; done < h->size; ++count) done += next_part(done, h->size);
   if (!space_.reserve_nodes(4 + 2 * count)) return false;
   try {
     chosen_.reserve(count);
@@ -227,15 +253,15 @@ bool LargeHeap::refine(Handle* h) noexcept {
   }
   const DevPtr at = h->at;
   const std::size_t size = h->size;
-  // Released before the fine handles are created, so that refinement never needs more device
-  // memory than the pool holds; what the driver will not give back again becomes unbacked.
+  // Released before the new handles are created, so that this never needs more device memory
+  // than the pool holds; what the driver will not give back again becomes unbacked.
   if (backing_.unmap(h) != Status::ok) return false;
   backing_.release(h);
   chosen_.clear();
   std::size_t done = 0;
   while (done < size) {
     Handle* n = nullptr;
-    const std::size_t part = std::min(fine, size - done);
+    const std::size_t part = next_part(done, size);
     if (backing_.create(part, &n) != Status::ok) break;
     if (backing_.map(n, at + done) != Status::ok) {
       backing_.release(n);
@@ -243,6 +269,7 @@ bool LargeHeap::refine(Handle* h) noexcept {
     }
     chosen_.push_back(n);  // within the capacity reserved above
     done += part;
+    if (part > fine_cap_) ++coarse_created_;
   }
   Handle rest;
   if (done != 0 && backing_.set_access(at, done) != Status::ok) {

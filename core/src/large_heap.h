@@ -164,6 +164,12 @@ class LargeHeap {
   // The ordinary size of a fresh handle when the heap grows by `fresh` bytes.
   std::size_t fine_handle(std::size_t fresh) const noexcept;
   bool refine(Handle* h) noexcept;
+  // h replaced by three handles: before the granule `boundary` lies in, that granule, the rest.
+  bool split_at(Handle* h, DevPtr boundary) noexcept;
+  // h (mapped, wholly idle) released and its place backed by new handles of next_part(done, size)
+  // bytes each; what the driver refuses becomes unbacked. False: nothing changed.
+  template <class NextPart>
+  bool rebuild(Handle* h, NextPart next_part) noexcept;
   // A handle lying wholly idle is unmapped, its place made unbacked, and given back; the bytes
   // given back (0: the driver kept it, nothing changed).
   std::size_t release_mapped(Handle* h) noexcept;

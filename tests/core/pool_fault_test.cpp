@@ -98,12 +98,12 @@ TEST_P(PoolFault, FreshAllocationRollsBack) {
   }
 }
 
-// A fresh block's large handles (fresh_coarse_mb) are replaced by ordinary ones when a later
-// block is cut inside one. A failure at any call of that refinement leaves the pool consistent
+// A fresh block's large handles (fresh_coarse_mb) are split in three when a later block is cut
+// inside one. A failure at any call of that split leaves the pool consistent
 // (what it holds is what the device holds, nothing mapped that the books do not know of), the
 // request is served or fails with out-of-memory and nothing changed, the memory serves the next
 // request with its bytes intact, and nothing leaks.
-TEST_P(PoolFault, RefinementOfAFreedFreshBlockRollsBack) {
+TEST_P(PoolFault, SplitOfAFreedFreshBlockRollsBack) {
   const SimOp op = GetParam().op;
   for (std::uint64_t nth = 1; nth <= 6; ++nth) {
     TestDevice dev = make_test_device({.capacity = 1 * GiB});
@@ -117,7 +117,7 @@ TEST_P(PoolFault, RefinementOfAFreedFreshBlockRollsBack) {
       dev.write(keep, &tag, 8);
       ASSERT_EQ(pool.deallocate(big), Status::ok);
       pool.drain_pending(0);
-      // 300 MiB of the freed 512 end inside one of its 16 MiB handles: refinement runs here.
+      // 300 MiB of the freed 512 end inside one of its 16 MiB handles: the split runs here.
       DevPtr cut = 0;
       dev.sim->fail_nth(op, nth, Status::error);
       const Status s = pool.allocate(0, 300 * MiB, kAnyStream, &cut);

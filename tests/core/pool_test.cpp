@@ -122,11 +122,12 @@ TEST(Pool, FreshHandlesAreAtMostMaxHandleMb) {
 
 // A fresh large block costs a few driver calls, as cudaMalloc does (fresh_coarse_mb, 256 MiB by
 // default): at most 4 handles of 256 MiB or more, and one granule at an end the block only partly
-// covers. Freed and taken again at its size, it costs no driver call. Only a block cut inside one
-// of the large handles replaces that handle by 10 MiB ones first, so that the live block pins,
-// and moves take, memory in ordinary pieces; reserved memory does not change, and the memory
-// serves requests with their bytes intact.
-TEST(Pool, FreshLargeBlockIsAFewHandlesRefinedWhereACutNeedsIt) {
+// covers. Freed and taken again at its size, it costs no driver call. A block cut inside one of
+// the large handles splits that handle first into three (before the granule of the cut, that
+// granule, after it), so that the live block pins at most one granule of free memory and the
+// rest stays one idle handle; reserved memory does not change, and the memory serves requests
+// with their bytes intact.
+TEST(Pool, FreshLargeBlockIsAFewHandlesSplitWhereACutNeedsIt) {
   TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend's call counters";
   Pool pool(*dev.backend, inline_config());
@@ -162,18 +163,20 @@ TEST(Pool, FreshLargeBlockIsAFewHandlesRefinedWhereACutNeedsIt) {
   pool.drain_pending(0);
   EXPECT_EQ(pool.stats(0).handles, 4u) << "the free refines nothing";
 
-  // 700 MiB ends inside the second large handle [512, 1024) MiB: that one alone is replaced by
-  // 52 handles (51 of 10 MiB, one of 2). 1,300 MiB more end inside the fourth [1536, 2048).
+  // 700 MiB ends inside the second large handle [512, 1024) MiB: that one alone becomes
+  // [512, 700), [700, 702) and [702, 1024). 1,300 MiB more end inside the fourth [1536, 2048).
   const auto releases = dev.sim->calls(SimOp::release);
+  const auto creates_before = dev.sim->calls(SimOp::create);
   DevPtr a = 0, b = 0;
   ASSERT_EQ(pool.allocate(0, 700 * MiB, kAnyStream, &a), Status::ok);
   EXPECT_EQ(dev.sim->calls(SimOp::release) - releases, 1u) << "one large handle given back";
-  EXPECT_EQ(pool.stats(0).handles, 4u - 1 + 52);
+  EXPECT_EQ(dev.sim->calls(SimOp::create) - creates_before, 3u);
+  EXPECT_EQ(pool.stats(0).handles, 4u - 1 + 3);
   ASSERT_EQ(pool.allocate(0, 1300 * MiB, kAnyStream, &b), Status::ok);
   EXPECT_EQ(dev.sim->calls(SimOp::release) - releases, 2u);
   const DeviceStats s = pool.stats(0);
-  EXPECT_EQ(s.bytes_reserved, 2 * GiB) << "refinement neither grows nor shrinks the pool";
-  EXPECT_EQ(s.handles, 4u - 2 + 2 * 52);
+  EXPECT_EQ(s.bytes_reserved, 2 * GiB) << "splitting neither grows nor shrinks the pool";
+  EXPECT_EQ(s.handles, 4u - 2 + 2 * 3);
   EXPECT_EQ(pool.validate(0), "");
   stamp(dev, a, 700 * MiB, 13);
   stamp(dev, b, 1300 * MiB, 14);
@@ -200,11 +203,12 @@ TEST(Pool, FreshCoarseOffBacksEveryRangeInOrdinaryHandles) {
   ASSERT_EQ(pool.deallocate(p), Status::ok);
 }
 
-// Refinement gives a large handle back before it creates the small ones, so it never needs more
-// device memory than the pool holds. Where the driver then refuses memory (another process took
-// it), the rest of the handle's place becomes unbacked: reserved shrinks, nothing is mapped that
-// the books do not know of, the request is still served, and the pool grows again when needed.
-TEST(Pool, RefinementThatTheDriverCutsShortLeavesTheRestUnbacked) {
+// A split gives a large handle back before it creates the three that replace it, so it never
+// needs more device memory than the pool holds. Where the driver then refuses memory (another
+// process took it), the rest of the handle's place becomes unbacked: reserved shrinks, nothing is
+// mapped that the books do not know of, the request is still served, and the pool grows again when
+// needed.
+TEST(Pool, SplitThatTheDriverCutsShortLeavesTheRestUnbacked) {
   TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend's call counters";
   Pool pool(*dev.backend, inline_config());
@@ -212,7 +216,7 @@ TEST(Pool, RefinementThatTheDriverCutsShortLeavesTheRestUnbacked) {
   ASSERT_EQ(pool.allocate(0, 2 * GiB, kAnyStream, &p), Status::ok);
   ASSERT_EQ(pool.deallocate(p), Status::ok);
   pool.drain_pending(0);
-  dev.sim->fail_nth(SimOp::create, 3);  // the third small handle of the first refinement
+  dev.sim->fail_nth(SimOp::create, 3);  // the third handle of the first split: [702, 1024) MiB
   DevPtr a = 0;
   ASSERT_EQ(pool.allocate(0, 700 * MiB, kAnyStream, &a), Status::ok);
   dev.sim->fail_nth(SimOp::create, 0);
