@@ -61,28 +61,34 @@
 //     instead of 26 and 205: on the H200 (alloc_latency --quick, three runs) 0.13-0.14 ms
 //     against 1.2-2.1 ms with ordinary handles and 0.17-0.19 ms for cudaMalloc (0.7-0.8x), 2 GiB
 //     0.26-0.42 ms against 8.0-12.0 ms and 0.16-0.28 ms (1.5-2.0x). Large handles pin what live
-//     blocks leave free in them, so they are refined, each once, where that matters and not
-//     before (an earlier form refined every large handle at the fence of its block's first free:
-//     3.5-12.8 ms per free on the H200, under the device lock, and HF training 2-12% slower):
+//     blocks leave free in them, so they are cut down where that matters and not before (an
+//     earlier form replaced every large handle by ordinary ones at the fence of its block's first
+//     free: 3.5-12.8 ms per free on the H200, under the device lock, and HF training 2-12% slower):
 //       - a block cut out of fenced free memory with its end inside a large handle (refine_at,
-//         from DevicePool's best fit and from grow()'s window): the handle is released and its
-//         place backed with ordinary handles (release first, so that refinement never needs more
-//         device memory than the pool holds). 1.2-3.6 ms per handle on the H200, once; a block
-//         freed and taken again at its own size costs no driver call. Memory waiting for its fence
-//         (a stream reusing its own block) is never refined: the GPU may still use it;
+//         from DevicePool's best fit and from grow()'s window) splits that handle in three
+//         (split_at): before the granule the cut lies in, that granule, after it. The live block
+//         pins at most a granule of free memory and the rest stays one idle handle, for one
+//         release, three creates and maps and one cuMemSetAccess whatever the handle's size
+//         (replacing it by ordinary handles instead took 1.2-3.6 ms on the H200 and held replay
+//         within 0.4% of the split). The release comes first, so that this never needs more
+//         device memory than the pool holds. A block freed and taken again at its own size
+//         costs no driver call; memory waiting for its fence (a stream reusing its own block) is
+//         never split: the GPU may still use it;
 //       - a miss whose idle candidates include a large handle too large for what is missing: it
 //         goes back to the driver before fresh memory is taken, so the pool shrinks rather than
 //         holding it beside the new memory;
 //       - a release (trim, release threshold, cooperative release) well below a large handle:
-//         it is refined first, so that what leaves the cache is close to what was asked.
-//     In replay (--whole-handles, 140 GiB) every recorded trace stays within 0.2% of ordinary
-//     handles (gpt_seqlen_b5 1.011 -> 1.012, hf_llama_train 1.016 -> 1.016; in stream order
-//     1.014 -> 1.016 and 1.016 -> 1.016) for the same or less driver time (hf_llama_train 86 ->
-//     76 ms, in stream order 86 -> 60; gpt_seqlen_b5 114 -> 114 and 113 -> 103). With ordinary
-//     handles at both ends instead of one granule, 128 MiB held gpt_seqlen_b5 at 1.022 in stream
-//     order and 64 MiB bucketed sizes at 1.12. On the H200 the pool's driver time fell from 867 to
-//     164-174 ms on GPT training under the balloon and from 116-120 to 99-118 ms on HF training, at
-//     the same peak reserved; tokens/s are within the runs' spread (README, Performance);
+//         it is replaced by ordinary ones first (refine), so that what leaves the cache is close
+//         to what was asked.
+//     In replay (--whole-handles, 140 GiB) every recorded trace stays within 0.4% of ordinary
+//     handles (gpt_seqlen_b5 1.011 -> 1.013, hf_llama_train 1.016 -> 1.012; in stream order
+//     1.014 -> 1.016 and 1.016 -> 1.015), driver time 114 -> 133 ms and 86 -> 82 (stream order
+//     113 -> 93 and 86 -> 47). With ordinary handles at both ends instead of one granule, 128
+//     MiB held gpt_seqlen_b5 at 1.022 in stream order and 64 MiB bucketed sizes at 1.12. On the
+//     H200 the pool's driver time fell from 867 to 164-174 ms on GPT training under the balloon
+//     and from 116-120 to 99-118 ms on HF training, at the same peak reserved; tokens/s medians
+//     over seven paired rounds were 4-6% below ordinary handles, inside single runs' spread
+//     (README, Performance);
 //   - moving a handle costs a cuMemUnmap (~18 us), a cuMemMap and its share of one
 //     cuMemSetAccess, and no create/release: reserved stays the same. Expandable segments instead
 //     release and re-create pages, and only at out-of-memory;

@@ -83,10 +83,10 @@ class LargeHeap {
   // b becomes free: merged with free neighbours and indexed by size.
   void make_free(Block* b) noexcept;
   // A block is about to be cut out of free memory with one end at `boundary`. If that end falls
-  // inside a coarse handle (Options::coarse_min) lying wholly idle, the handle is first replaced
-  // by handles of the ordinary size, so that the live block pins only the ordinary handle it
-  // shares with the free rest. Only fenced free memory may be refined (the GPU may still use a
-  // block waiting for its fence). True: the layout changed; the caller looks its block up again.
+  // inside a coarse handle (Options::coarse_min) lying wholly idle, the handle is first split in
+  // three (split_at), so that the live block pins at most the one granule it shares with the free
+  // rest. Only fenced free memory may be split (the GPU may still use a block waiting for its
+  // fence). True: the layout changed; the caller looks its block up again.
   bool refine_at(DevPtr boundary) noexcept;
   // b becomes allocated (mark_allocated) or is about to stop being allocated (note_dead, where
   // the caller changes its state): what handle_share leaves out follows the very large live
