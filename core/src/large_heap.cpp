@@ -58,8 +58,8 @@
 //     handles of fresh_coarse_mb or more (none above 1/64 of the device), plus one granule at an
 //     end the block only partly covers, where it would otherwise pin a large handle's free rest.
 //     A fresh 256 MiB block is then one create, one map and one cuMemSetAccess, 2 GiB four,
-//     instead of 26 and 205: on the H200 (alloc_latency --quick, three runs) 0.13-0.14 ms
-//     against 1.2-2.1 ms with ordinary handles and 0.17-0.19 ms for cudaMalloc (0.7-0.8x), 2 GiB
+//     instead of 26 and 205: on the H200 (alloc_latency --quick, four runs) 0.09-0.14 ms
+//     against 1.2-2.1 ms with ordinary handles and 0.12-0.19 ms for cudaMalloc (0.7-0.8x), 2 GiB
 //     0.26-0.42 ms against 8.0-12.0 ms and 0.16-0.28 ms (1.5-2.0x). Large handles pin what live
 //     blocks leave free in them, so they are cut down where that matters and not before (an
 //     earlier form replaced every large handle by ordinary ones at the fence of its block's first
@@ -68,9 +68,9 @@
 //         from DevicePool's best fit and from grow()'s window) splits that handle in three
 //         (split_at): before the granule the cut lies in, that granule, after it. The live block
 //         pins at most a granule of free memory and the rest stays one idle handle, for one
-//         release, three creates and maps and one cuMemSetAccess whatever the handle's size
-//         (replacing it by ordinary handles instead took 1.2-3.6 ms on the H200 and held replay
-//         within 0.4% of the split). The release comes first, so that this never needs more
+//         release, three creates and maps and one cuMemSetAccess whatever the handle's size:
+//         0.28 ms at 256 MiB and 0.48 ms at 2 GiB on the H200 (replacing it by ordinary handles
+//         instead took 1.2-3.6 ms and held replay within 0.4% of the split). The release comes first, so that this never needs more
 //         device memory than the pool holds. A block freed and taken again at its own size
 //         costs no driver call; memory waiting for its fence (a stream reusing its own block) is
 //         never split: the GPU may still use it;
