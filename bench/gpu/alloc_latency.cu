@@ -239,10 +239,10 @@ LargeRow pool_fresh_free(gpustitch::Backend& backend, std::size_t size, int reps
 }
 
 // Where the few large handles are paid for: the first block cut inside one of them (5/8 of a freed
-// fresh block), which gives that handle back and backs its place with ordinary ones (against
-// cudaMalloc of the cut's size). A block taken again at its own size pays nothing.
+// fresh block), which splits that handle in three (against cudaMalloc of the cut's size). A block
+// taken again at its own size pays nothing.
 LargeRow pool_cut_refines(gpustitch::Backend& backend, std::size_t size, int reps) {
-  LargeRow row{"pool, cached, 5/8 of a freed fresh block (refines one large handle)", size};
+  LargeRow row{"pool, cached, 5/8 of a freed fresh block (splits one large handle)", size};
   std::vector<double> t;
   gpustitch::Pool pool(backend, gpustitch::Config{});
   for (int r = 0; r < reps; ++r) {
@@ -261,7 +261,7 @@ LargeRow pool_cut_refines(gpustitch::Backend& backend, std::size_t size, int rep
       row.note = "allocate failed";
       return row;
     }
-    if (pool.stats(0).handles <= before.handles) row.note = "refined nothing";
+    if (pool.stats(0).handles <= before.handles) row.note = "split nothing";
     pool.deallocate(p);
     pool.drain_pending(0);
     pool.trim(0);

@@ -56,10 +56,10 @@ struct Config {
   unsigned handle_share = 128;  // handle_share
   // A fresh range of at least fresh_coarse_mb (0: never) is backed by handles of the size above at
   // both ends and at most 4 larger ones between them (large_heap.cpp): a fresh 256 MiB-2 GiB
-  // block then costs a few driver calls, as cudaMalloc does, instead of one per 10 MiB. A larger
-  // handle is replaced by ordinary ones only when a later block is cut inside it or it is too
-  // large to move where memory is needed, so a block freed and taken again at its size costs no
-  // driver call at all.
+  // block then costs a few driver calls, as cudaMalloc does, instead of one per 10 MiB (0.7-2.0x
+  // cudaMalloc on the H200 against 6-64x). A large handle is split in three when a later block
+  // is cut inside it, and given back when it is too large to move where memory is needed, so a
+  // block freed and taken again at its size costs no driver call at all.
   std::size_t fresh_coarse = 256 * MiB;  // fresh_coarse_mb
   // Frees wait for device work on a background thread (thread), or only when an allocation
   // needs their memory (inline: deterministic, for tests and replay).
