@@ -215,10 +215,19 @@ LargeRow pool_fresh(gpustitch::Backend& backend, std::size_t size, int reps, boo
   return row;
 }
 
-// The free of a fresh block and its fence (against cudaFree of the same size in the cudaMalloc
-// column): the large handles stay as they are, so this costs no driver call.
-LargeRow pool_fresh_free(gpustitch::Backend& backend, std::size_t size, int reps) {
-  LargeRow row{"pool, free + fence of a fresh block (vs cudaFree)", size};
+// What follows a fresh block, timed:
+//  - its free and fence (against cudaFree of the same size in the cudaMalloc column): the large
+//    handles stay as they are, so this costs no driver call;
+//  - where the few large handles are paid for: the first block cut inside one of them (5/8 of
+//    the freed block), which splits that handle in three (against cudaMalloc of the cut's size).
+//    A block taken again at its own size pays nothing.
+enum class AfterFresh { free_and_fence, cut_five_eighths };
+LargeRow pool_after_fresh(gpustitch::Backend& backend, std::size_t size, int reps,
+                          AfterFresh what) {
+  const bool cut = what == AfterFresh::cut_five_eighths;
+  LargeRow row{cut ? "pool, cached, 5/8 of a freed fresh block (splits one large handle)"
+                   : "pool, free + fence of a fresh block (vs cudaFree)",
+               size};
   std::vector<double> t;
   gpustitch::Pool pool(backend, gpustitch::Config{});
   for (int r = 0; r < reps; ++r) {
@@ -227,43 +236,23 @@ LargeRow pool_fresh_free(gpustitch::Backend& backend, std::size_t size, int reps
       row.note = "allocate failed";
       return row;
     }
-    const auto t0 = Clock::now();
+    auto t0 = Clock::now();
     pool.deallocate(p);
     pool.drain_pending(0);
-    t.push_back(ns_between(t0, Clock::now()) / 1000);
-    pool.trim(0);
-  }
-  row.pool_us = summarize(t).median;
-  row.ok = true;
-  return row;
-}
-
-// Where the few large handles are paid for: the first block cut inside one of them (5/8 of a freed
-// fresh block), which splits that handle in three (against cudaMalloc of the cut's size). A block
-// taken again at its own size pays nothing.
-LargeRow pool_cut_refines(gpustitch::Backend& backend, std::size_t size, int reps) {
-  LargeRow row{"pool, cached, 5/8 of a freed fresh block (splits one large handle)", size};
-  std::vector<double> t;
-  gpustitch::Pool pool(backend, gpustitch::Config{});
-  for (int r = 0; r < reps; ++r) {
-    DevPtr p = 0;
-    if (pool.allocate(0, size, gpustitch::kAnyStream, &p) != gpustitch::Status::ok) {
-      row.note = "allocate failed";
-      return row;
+    if (cut) {
+      const auto before = pool.stats(0);
+      t0 = Clock::now();
+      if (pool.allocate(0, size / 8 * 5, gpustitch::kAnyStream, &p) != gpustitch::Status::ok) {
+        row.note = "allocate failed";
+        return row;
+      }
+      t.push_back(ns_between(t0, Clock::now()) / 1000);
+      if (pool.stats(0).handles <= before.handles) row.note = "split nothing";
+      pool.deallocate(p);
+      pool.drain_pending(0);
+    } else {
+      t.push_back(ns_between(t0, Clock::now()) / 1000);
     }
-    pool.deallocate(p);
-    pool.drain_pending(0);
-    const auto before = pool.stats(0);
-    const auto t0 = Clock::now();
-    const auto st = pool.allocate(0, size / 8 * 5, gpustitch::kAnyStream, &p);
-    t.push_back(ns_between(t0, Clock::now()) / 1000);
-    if (st != gpustitch::Status::ok) {
-      row.note = "allocate failed";
-      return row;
-    }
-    if (pool.stats(0).handles <= before.handles) row.note = "split nothing";
-    pool.deallocate(p);
-    pool.drain_pending(0);
     pool.trim(0);
   }
   row.pool_us = summarize(t).median;
@@ -547,10 +536,10 @@ int main(int argc, char** argv) {
       row.cuda_malloc_us = native;
       large_rows.push_back(row);
     }
-    LargeRow freed = pool_fresh_free(*backend, size, reps);
+    LargeRow freed = pool_after_fresh(*backend, size, reps, AfterFresh::free_and_fence);
     freed.cuda_malloc_us = cuda_free_us(size, reps);
     large_rows.push_back(freed);
-    LargeRow cut = pool_cut_refines(*backend, size, reps);
+    LargeRow cut = pool_after_fresh(*backend, size, reps, AfterFresh::cut_five_eighths);
     cut.cuda_malloc_us = cuda_malloc_us(size / 8 * 5, reps);
     large_rows.push_back(cut);
   }
