@@ -1,6 +1,9 @@
 // The large-block heap of one device: where in the device's address space a block goes, and
 // which physical memory backs it. This file owns the pool's memory layout; see the comment at the
-// top of large_heap.cpp for the design, its costs and the alternatives measured.
+// top of large_heap.cpp for the design, its costs and the alternatives measured. Its parts:
+// large_heap.cpp (placement, the miss path, ordinary handle sizes, invariants), coarse_handles.cpp
+// (large fresh handles and how they are split later), heap_release.cpp (memory back to the
+// driver).
 //
 // Layers (data flows one way): DevicePool (fencing, arenas, statistics) -> LargeHeap (placement,
 // backing policy) -> AddressSpace (blocks) + Backing (handles) -> Backend.

@@ -44,5 +44,8 @@ inline constexpr std::size_t GiB = 1024 * MiB;
 inline constexpr std::size_t align_up(std::size_t v, std::size_t a) noexcept {
   return (v + a - 1) / a * a;
 }
+inline constexpr std::size_t align_down(std::size_t v, std::size_t a) noexcept {
+  return v / a * a;
+}
 
 }  // namespace gpustitch

@@ -115,10 +115,13 @@ TEST(RecentEvents, ConcurrentWritersNeverHandTheReaderATornEvent) {
   constexpr int kThreads = 4;
   constexpr std::uint64_t kPerThread = 50000;
   RecentEvents ring(1024);
-  std::atomic<bool> done{false};
+  std::atomic<bool> done{false}, reading{false};
   std::atomic<std::uint64_t> torn{0}, seen{0};
+  // The reader passes over the ring while the writers write, and once more after they are done;
+  // the writers start only once it runs. On a loaded machine the scheduler may otherwise not run
+  // it at all while they write (seen was 0 in 4 of 18 runs, six at once on 2 cores).
   std::thread reader([&] {
-    while (!done.load()) {
+    auto pass = [&] {
       std::uint64_t last[kThreads] = {};
       for (const auto& e : ring.read()) {
         int th = e.device;
@@ -132,8 +135,12 @@ TEST(RecentEvents, ConcurrentWritersNeverHandTheReaderATornEvent) {
         last[th] = i;
         ++seen;
       }
-    }
+    };
+    reading = true;
+    while (!done.load()) pass();
+    pass();
   });
+  while (!reading.load()) std::this_thread::yield();
   std::vector<std::thread> writers;
   for (int th = 0; th < kThreads; ++th) {
     writers.emplace_back([&, th] {
