@@ -277,6 +277,64 @@ TEST(Pool, IdleLargeHandleTooLargeToMoveGoesBackBeforeFreshMemory) {
   EXPECT_EQ(pool.validate(0), "");
 }
 
+// Idle handles rarely add up to what a miss lacks. Under a cap with no room left, the smallest
+// idle handle larger than the rest goes in last and its excess becomes free memory after the
+// block: the request is served from what the pool holds, with no trim and no fresh memory.
+// A 400 MiB cap filled by 20 MiB handles, cut into 32 MiB tensors, every other one freed: a
+// 100 MiB request takes the free 48 MiB at the end and 52 MiB beyond it, which two idle 20 MiB
+// handles and a third, 8 MiB too large, back.
+TEST(Pool, IdleHandleLargerThanTheRestStandsInForFreshMemoryUnderTheCap) {
+  TestDevice dev = make_test_device();
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend";
+  Config cfg = inline_config();
+  cfg.cap = 400 * MiB;
+  cfg.max_handle = 20 * MiB;
+  cfg.handle_share = 0;
+  cfg.fresh_coarse = 0;
+  Pool pool(*dev.backend, cfg);
+  DevPtr whole = 0;
+  ASSERT_EQ(pool.allocate(0, 400 * MiB, kAnyStream, &whole), Status::ok);
+  ASSERT_EQ(pool.deallocate(whole), Status::ok);
+  pool.drain_pending(0);
+  std::vector<DevPtr> tensors(12);
+  for (DevPtr& t : tensors) ASSERT_EQ(pool.allocate(0, 32 * MiB, kAnyStream, &t), Status::ok);
+  std::vector<DevPtr> kept;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (i % 2 == 1) {
+      ASSERT_EQ(pool.deallocate(tensors[i]), Status::ok);
+    } else {
+      kept.push_back(tensors[i]);
+      stamp(dev, tensors[i], 32 * MiB, tensors[i]);
+    }
+  }
+  pool.drain_pending(0);
+  const DeviceStats before = pool.stats(0);
+  ASSERT_EQ(before.bytes_reserved, 400 * MiB);
+  DevPtr big = 0;
+  ASSERT_EQ(pool.allocate(0, 100 * MiB, kAnyStream, &big), Status::ok);
+  const DeviceStats after = pool.stats(0);
+  EXPECT_EQ(after.trims, before.trims) << "served without giving the cache back";
+  EXPECT_EQ(after.fresh, before.fresh);
+  EXPECT_EQ(after.stitches, before.stitches + 1);
+  EXPECT_EQ(after.bytes_reserved, 400 * MiB);
+  EXPECT_EQ(pool.validate(0), "");
+  stamp(dev, big, 100 * MiB, 77);
+  EXPECT_TRUE(check(dev, big, 100 * MiB, 77));
+  for (DevPtr k : kept) {
+    EXPECT_TRUE(check(dev, k, 32 * MiB, k));
+    EXPECT_TRUE(big + 100 * MiB <= k || k + 32 * MiB <= big) << "live blocks overlap";
+  }
+  // The excess is free memory after the block: 8 MiB serve a request without a driver call.
+  const auto creates = dev.sim->calls(SimOp::create);
+  DevPtr rest = 0;
+  ASSERT_EQ(pool.allocate(0, 8 * MiB, kAnyStream, &rest), Status::ok);
+  EXPECT_EQ(dev.sim->calls(SimOp::create), creates);
+  for (DevPtr k : kept) ASSERT_EQ(pool.deallocate(k), Status::ok);
+  ASSERT_EQ(pool.deallocate(big), Status::ok);
+  ASSERT_EQ(pool.deallocate(rest), Status::ok);
+  EXPECT_EQ(pool.validate(0), "");
+}
+
 // Allocates `size` with cudaFree semantics and returns the handles the pool created for it; the
 // pool's invariants hold afterwards.
 static std::uint64_t handles_created(TestDevice& dev, Pool& pool, std::size_t size, DevPtr* p) {
