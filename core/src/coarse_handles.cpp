@@ -54,17 +54,18 @@ LargeHeap::FreshPlan LargeHeap::plan_fresh(std::size_t fresh, std::size_t handle
   plan.tail = tail ? g : 0;
   if (plan.head + plan.tail >= fresh) return FreshPlan{fresh, 0, handle, 0};
   const std::size_t inner = fresh - plan.head - plan.tail;
-  // Handles of coarse_min or more, at most coarse_handles of them: a cut inside one later
-  // refines it (refine_at), which costs one ordinary handle per max_handle bytes of it, so a
-  // 256 MiB block is one handle and a 2 GiB one four.
+  // Handles of coarse_min or more, at most coarse_handles of them: a 256 MiB block is one handle
+  // and a 2 GiB one four. A cut inside one later splits it in three (refine_at).
   const std::size_t per = std::clamp<std::size_t>(
       inner / options_.coarse_min, 1, std::max<std::size_t>(options_.coarse_handles, 1));
   plan.inner = std::max(g, std::min(align_up((inner + per - 1) / per, g), coarse_cap_));
   return plan;
 }
 
-bool LargeHeap::refine_at(DevPtr boundary) noexcept {
-  if (coarse_created_ == 0) return false;
+bool LargeHeap::refine_at(DevPtr boundary, std::size_t free_size) noexcept {
+  // An idle large handle lies wholly inside the free block that holds the boundary: a free block
+  // no larger than an ordinary handle holds none, and the lookup below is skipped.
+  if (coarse_created_ == 0 || free_size <= fine_cap_) return false;
   Handle* h = backing_.handle_at(boundary);
   if (h == nullptr || h->at == boundary || h->size <= fine_cap_ || !idle(h)) return false;
   return split_at(h, boundary);

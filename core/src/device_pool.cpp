@@ -334,10 +334,11 @@ Block* DevicePool::take_from(LargeHeap& heap, FreeSet& set, std::size_t rounded,
     if (rounded >= max_split && b->size >= rounded + kLargeBuffer) return nullptr;
     // Oversize blocks are used whole (max_split_size); others are cut at the request.
     cut = b->size >= max_split ? b->size : rounded;
-    // A cut inside a coarse handle of fenced memory refines that handle first (its handles
-    // change, not its addresses), then the lookup runs again: a refinement the driver cut short
-    // left part of the block unbacked. Each pass refines one coarse handle, so this ends.
-    if (pending || cut == b->size || !heap.refine_at(b->ptr + cut)) break;
+    // A cut inside a large handle of fenced memory splits that handle first (its handles change,
+    // not its addresses), then the lookup runs again, since a split the driver cut short left
+    // part of the block unbacked. After a split the cut lies in a one-granule handle, and each
+    // split cut short backs less memory, so this ends.
+    if (pending || cut == b->size || !heap.refine_at(b->ptr + cut, b->size)) break;
     sync_physical();
   }
   auto it = set.iterator_to(*b);

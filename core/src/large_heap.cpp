@@ -262,8 +262,8 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
       const std::size_t span = std::max(space_.span(0).size, align_up(rounded, g) + g);
       if (space_.add_span(span) != Status::ok || !place(rounded, &w)) return Status::out_of_memory;
     }
-    // The window takes part of a free neighbour: an end of it inside a coarse handle refines
-    // that handle first (refine_at), and the window is placed again. Each pass refines one.
+    // The window takes part of a free neighbour: an end of it inside a large handle splits that
+    // handle first (refine_at), and the window is placed again (it ends as take_from's loop).
     if (!refine_at(w.start) && !refine_at(w.start + rounded)) break;
   }
   std::size_t need = w.gap_hi - w.gap_lo;
@@ -303,7 +303,6 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
     }
     fresh_allowance =
         given_back > SIZE_MAX - fresh_allowance ? SIZE_MAX : fresh_allowance + given_back;
-    growth->released_bytes = given_back;
   }
   // Idle handles rarely add up to the gap exactly (20 MiB handles for 2,048 MiB leave 8 MiB). Where
   // the device has no fresh memory for the rest (the cap, or the driver refuses it below), the

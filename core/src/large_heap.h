@@ -49,10 +49,9 @@ class LargeHeap {
   struct Growth {
     std::size_t fresh_bytes = 0;  // created for it
     std::size_t fresh_handles = 0;
-    std::size_t moved_handles = 0;   // unmapped where they lay free and mapped here
-    std::size_t spare_handles = 0;   // held unmapped, mapped here
-    std::size_t moved_bytes = 0;     // moved and spare
-    std::size_t released_bytes = 0;  // idle coarse handles given back before fresh ones came
+    std::size_t moved_handles = 0;  // unmapped where they lay free and mapped here
+    std::size_t spare_handles = 0;  // held unmapped, mapped here
+    std::size_t moved_bytes = 0;    // moved and spare
   };
 
   struct BySize {
@@ -89,8 +88,9 @@ class LargeHeap {
   // inside a coarse handle (Options::coarse_min) lying wholly idle, the handle is first split in
   // three (split_at), so that the live block pins at most the one granule it shares with the free
   // rest. Only fenced free memory may be split (the GPU may still use a block waiting for its
-  // fence). True: the layout changed; the caller looks its block up again.
-  bool refine_at(DevPtr boundary) noexcept;
+  // fence). `free_size`: the size of the free block holding the boundary, where known. True: the
+  // layout changed; the caller looks its block up again.
+  bool refine_at(DevPtr boundary, std::size_t free_size = SIZE_MAX) noexcept;
   // b becomes allocated (mark_allocated) or is about to stop being allocated (note_dead, where
   // the caller changes its state): what handle_share leaves out follows the very large live
   // blocks.
