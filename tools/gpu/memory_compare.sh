@@ -18,7 +18,9 @@
 #
 # Prints one JSON line per run (the workload's own line plus "config", "workload", "round").
 # Configurations: pytorch (default caching allocator), expandable (expandable_segments:True),
-# then the gpustitch rows under `gpustitch run` (PyTorch as run sets it: backend:cudaMallocAsync).
+# async (backend:cudaMallocAsync without gpustitch: the route `gpustitch run` gives PyTorch, so
+# that a gpustitch row's speed can be told apart from that of PyTorch's backend), then the
+# gpustitch rows under `gpustitch run` (PyTorch as run sets it: backend:cudaMallocAsync).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT" || exit 2
@@ -40,7 +42,7 @@ CLI=$BUILD/tools/gpustitch
 [[ -f $LIB && -x $CLI ]] || { echo "memory_compare: no $LIB or $CLI" >&2; exit 2; }
 [[ ${#CONFS[@]} -gt 0 ]] || CONFS=("gpustitch=")
 
-NAMES=(pytorch expandable)
+NAMES=(pytorch expandable async)
 for c in "${CONFS[@]}"; do NAMES+=("${c%%=*}"); done
 declare -A WORKLOAD=(
   [gpt]="bench/gpu/e2e/train_seqlen.py --batch 5 --steps 10 --warmup 2 --budget-gb 24"
@@ -56,6 +58,7 @@ run_one() {  # config workload round
   case $name in
     pytorch) line=$(env -u PYTORCH_CUDA_ALLOC_CONF $cmd 2>&1 | grep '^{' | tail -1) ;;
     expandable) line=$(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $cmd 2>&1 | grep '^{' | tail -1) ;;
+    async) line=$(PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync $cmd 2>&1 | grep '^{' | tail -1) ;;
     *)
       if [[ $torch == nocache ]]; then
         line=$(env -u PYTORCH_CUDA_ALLOC_CONF PYTORCH_NO_CUDA_MEMORY_CACHING=1 GPUSTITCH_LIBRARY=$LIB GPUSTITCH_CONF=$conf "$CLI" run -- $cmd 2>&1 | grep '^{' | tail -1)
