@@ -12,7 +12,7 @@
 // blocks leave free in them, so they are cut down where that matters and not before (an
 // earlier form replaced every large handle by ordinary ones at the fence of its block's first
 // free: 3.5-12.8 ms per free on the H200, under the device lock, and HF training 2-12% slower):
-//   - a block cut out of fenced free memory with its end inside a large handle (refine_at,
+//   - a block cut out of fenced free memory with its end inside a large handle (split_for_cut,
 //     from DevicePool's best fit and from grow()'s window) splits that handle in three
 //     (split_at): before the granule the cut lies in, that granule, after it. The live block
 //     pins at most a granule of free memory and the rest stays one idle handle, for one
@@ -55,14 +55,14 @@ LargeHeap::FreshPlan LargeHeap::plan_fresh(std::size_t fresh, std::size_t handle
   if (plan.head + plan.tail >= fresh) return FreshPlan{fresh, 0, handle, 0};
   const std::size_t inner = fresh - plan.head - plan.tail;
   // Handles of coarse_min or more, at most coarse_handles of them: a 256 MiB block is one handle
-  // and a 2 GiB one four. A cut inside one later splits it in three (refine_at).
+  // and a 2 GiB one four. A cut inside one later splits it in three (split_for_cut).
   const std::size_t per = std::clamp<std::size_t>(
       inner / options_.coarse_min, 1, std::max<std::size_t>(options_.coarse_handles, 1));
   plan.inner = std::max(g, std::min(align_up((inner + per - 1) / per, g), coarse_cap_));
   return plan;
 }
 
-bool LargeHeap::refine_at(DevPtr boundary, std::size_t free_size) noexcept {
+bool LargeHeap::split_for_cut(DevPtr boundary, std::size_t free_size) noexcept {
   // An idle large handle lies wholly inside the free block that holds the boundary: a free block
   // no larger than an ordinary handle holds none, and the lookup below is skipped.
   if (coarse_created_ == 0 || free_size <= fine_cap_) return false;

@@ -338,7 +338,7 @@ Block* DevicePool::take_from(LargeHeap& heap, FreeSet& set, std::size_t rounded,
     // not its addresses), then the lookup runs again, since a split the driver cut short left
     // part of the block unbacked. After a split the cut lies in a one-granule handle, and each
     // split cut short backs less memory, so this ends.
-    if (pending || cut == b->size || !heap.refine_at(b->ptr + cut, b->size)) break;
+    if (pending || cut == b->size || !heap.split_for_cut(b->ptr + cut, b->size)) break;
     sync_physical();
   }
   auto it = set.iterator_to(*b);

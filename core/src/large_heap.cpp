@@ -263,8 +263,8 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
       if (space_.add_span(span) != Status::ok || !place(rounded, &w)) return Status::out_of_memory;
     }
     // The window takes part of a free neighbour: an end of it inside a large handle splits that
-    // handle first (refine_at), and the window is placed again (it ends as take_from's loop).
-    if (!refine_at(w.start) && !refine_at(w.start + rounded)) break;
+    // handle first (split_for_cut), and the window is placed again (it ends as take_from's loop).
+    if (!split_for_cut(w.start) && !split_for_cut(w.start + rounded)) break;
   }
   std::size_t need = w.gap_hi - w.gap_lo;
   // Plan: which handles fill the gap, spares first, then idle ones, then fresh.
@@ -288,9 +288,10 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
       if (h->size <= remaining && choose(h)) ++moved;
     }
   }
-  // Coarse handles lying idle that are too large to move here (refinement is lazy: refine_at)
-  // go back to the driver before fresh memory is taken, as many as the rest needs: what the
-  // heap holds then shrinks, where moving their ordinary-size parts would have kept it level.
+  // Coarse handles lying idle that are too large to move here (they are split lazily:
+  // split_for_cut) go back to the driver before fresh memory is taken, as many as the rest needs:
+  // what the heap holds then shrinks, where moving their ordinary-size parts would have kept it
+  // level.
   if (remaining != 0 && coarse_created_ != 0) {
     std::size_t given_back = 0;
     for (Handle*& h : candidates_) {

@@ -90,7 +90,7 @@ class LargeHeap {
   // rest. Only fenced free memory may be split (the GPU may still use a block waiting for its
   // fence). `free_size`: the size of the free block holding the boundary, where known. True: the
   // layout changed; the caller looks its block up again.
-  bool refine_at(DevPtr boundary, std::size_t free_size = SIZE_MAX) noexcept;
+  bool split_for_cut(DevPtr boundary, std::size_t free_size = SIZE_MAX) noexcept;
   // b becomes allocated (mark_allocated) or is about to stop being allocated (note_dead, where
   // the caller changes its state): what handle_share leaves out follows the very large live
   // blocks.
@@ -206,7 +206,7 @@ class LargeHeap {
   std::size_t device_handle_cap_ = SIZE_MAX;  // 1/1024 of the device (init)
   std::size_t coarse_cap_ = SIZE_MAX;         // 1/64 of the device (init)
   std::size_t fine_cap_ = SIZE_MAX;           // no ordinary handle is larger (init)
-  std::size_t coarse_created_ = 0;            // coarse handles ever created: refine_at's guard
+  std::size_t coarse_created_ = 0;            // coarse handles ever created: split_for_cut's guard
 };
 
 }  // namespace gpustitch::detail
