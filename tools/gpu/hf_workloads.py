@@ -126,6 +126,14 @@ def main():
         lib.gpustitch_get_stats(0, ctypes.byref(s), ctypes.sizeof(s))
         result.update(source="gpustitch", peak_allocated=s.peak_allocated,
                       peak_reserved=s.peak_reserved, fresh=s.fresh, stitches=s.stitches)
+        # The same instant seen by both (the model and the optimizer's state are live): what the
+        # pool serves beyond PyTorch's own count is allocations PyTorch does not make (libraries
+        # calling the CUDA allocator directly) plus the pool's rounding (allocated - requested).
+        torch.cuda.synchronize()
+        lib.gpustitch_get_stats(0, ctypes.byref(s), ctypes.sizeof(s))
+        result.update(torch_peak_allocated=torch.cuda.max_memory_allocated(),
+                      torch_allocated_now=torch.cuda.memory_allocated(),
+                      pool_requested_now=s.bytes_requested, pool_allocated_now=s.bytes_allocated)
     else:
         result.update(source="torch", peak_allocated=torch.cuda.max_memory_allocated(),
                       peak_reserved=torch.cuda.max_memory_reserved())
