@@ -154,7 +154,10 @@ std::string format_prometheus(const ProcessTable& table) {
         break;
       case shm::MetricScope::process:
         for (const auto& s : series) {
-          if (m.field)
+          if (m.field && m.seconds_from_ns)
+            out += fmt::format("{}{{{}}} {:.9f}\n", m.name, s.labels,
+                               static_cast<double>(s.counters->*(m.field)) / 1e9);
+          else if (m.field)
             out += fmt::format("{}{{{}}} {}\n", m.name, s.labels, s.counters->*(m.field));
           else
             out += fmt::format("{}{{{}}} {:.6f}\n", m.name, s.labels, s.counters->fragmentation());

@@ -25,6 +25,7 @@ DeviceCounters to_counters(const gpustitch::DeviceStats& s, int ordinal) noexcep
   std::memset(static_cast<void*>(&c), 0, sizeof c);
 #define GPUSTITCH_SHM_COPY(name) c.name = s.name;
   GPUSTITCH_SHM_DEVICE_COUNTERS(GPUSTITCH_SHM_COPY)
+  GPUSTITCH_SHM_DRIVER_COUNTERS(GPUSTITCH_SHM_COPY)
 #undef GPUSTITCH_SHM_COPY
   std::memcpy(c.hist_allocs, s.hist_allocs, sizeof c.hist_allocs);
   std::memcpy(c.hist_live, s.hist_live, sizeof c.hist_live);

@@ -102,6 +102,8 @@ class TableTest : public ::testing::Test {
     d.bytes_allocated = allocated;
     d.bytes_reserved = 2 * allocated;
     d.stitches = 3;
+    d.driver_calls = 42;
+    d.driver_ns = 1'500'000'000;  // 1.5 s
     w->publish({&d, 1}, shm::realtime_ns());
     return w;
   }
@@ -283,6 +285,13 @@ TEST_F(TableTest, PrometheusExportsEveryMetricWithHelpTypeAndLabels) {
       << text;
   EXPECT_NE(text.find("gpustitch_reserved_bytes{pid=\"" + pid), std::string::npos);
   EXPECT_NE(text.find("gpustitch_stitches_total{pid=\"" + pid), std::string::npos);
+  // The pool's driver time: counted in nanoseconds, exported in seconds.
+  const std::size_t calls = text.find("gpustitch_driver_calls_total{pid=\"" + pid);
+  ASSERT_NE(calls, std::string::npos) << text;
+  EXPECT_EQ(text.substr(text.find("} ", calls) + 2, 3), "42\n");
+  const std::size_t secs = text.find("gpustitch_driver_seconds_total{pid=\"" + pid);
+  ASSERT_NE(secs, std::string::npos) << text;
+  EXPECT_EQ(text.substr(text.find("} ", secs) + 2, 12), "1.500000000\n");
   EXPECT_NE(text.find("gpustitch_fragmentation_ratio{pid=\"" + pid + "\""), std::string::npos);
   EXPECT_NE(text.find("\ngpustitch_processes 1\n"), std::string::npos);
   // Every sample line parses as name{labels} value.

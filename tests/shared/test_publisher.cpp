@@ -30,6 +30,8 @@ struct ScriptedSource {
               s.bytes_reserved = 4 * MiB * (d + 1);
               s.allocs = 10 + d;
               s.hist_allocs[3] = 7;
+              s.driver_calls = 30 + d;
+              s.driver_ns = 2'000'000 + d;
               return s;
             }};
   }
@@ -80,6 +82,8 @@ TEST(StatsPublisher, PublishesTheSourcesFiguresPeriodically) {
   EXPECT_EQ(s.devices[1].bytes_reserved, 8 * MiB);
   EXPECT_EQ(s.devices[1].allocs, 11u);
   EXPECT_EQ(s.devices[0].hist_allocs[3], 7u);
+  EXPECT_EQ(s.devices[1].driver_calls, 31u);
+  EXPECT_EQ(s.devices[1].driver_ns, 2'000'001u);
   EXPECT_DOUBLE_EQ(s.devices[1].fragmentation(), 1.0 - double(5 * MiB + 1) / double(8 * MiB));
   EXPECT_GT(s.publish_count, 1u);
 }

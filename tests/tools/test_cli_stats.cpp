@@ -171,6 +171,31 @@ TEST_F(CliStats, ProgramMappedMemoryIsShownApartFromThePool) {
   EXPECT_EQ(dev["program_mapped_bytes"].get<std::uint64_t>(), 7 * GiB);
 }
 
+// The pool's own time in the driver's memory API (what physical memory cost the process's CPU):
+// a line in show and two fields in --json.
+TEST_F(CliStats, ShowSaysHowLongThePoolSpentInTheDriver) {
+  std::string why;
+  writer_ = shm::RecordWriter::create(shm::RecordWriter::self_name(g_.prefix), "/usr/bin/python3",
+                                      "python3 train.py", 100, &why);
+  ASSERT_TRUE(writer_) << why;
+  shm::DeviceCounters d{};
+  d.bytes_allocated = 1 * GiB;
+  d.bytes_reserved = 1 * GiB;
+  d.driver_calls = 6482;
+  d.driver_ns = 295'812'345;
+  writer_->publish(std::span<const shm::DeviceCounters>(&d, 1), shm::realtime_ns());
+
+  auto [rc, show] = cli(with({"show", std::to_string(::getpid())}, src()));
+  ASSERT_EQ(rc, 0) << show;
+  EXPECT_NE(show.find("driver calls 6482 (295.8 ms)"), std::string::npos) << show;
+  auto [jrc, jout] = cli(with({"show", std::to_string(::getpid()), "--json"}, src()));
+  ASSERT_EQ(jrc, 0);
+  const json sj = json::parse(jout);
+  const json& dev = sj["process"]["devices"][0];
+  EXPECT_EQ(dev["driver_calls"].get<std::uint64_t>(), 6482u);
+  EXPECT_EQ(dev["driver_ns"].get<std::uint64_t>(), 295'812'345u);
+}
+
 // A record cannot make the CLI write terminal escape sequences.
 TEST_F(CliStats, ControlCharactersInRecordsAreNeutralized) {
   publish_own("evil\x1b]2;owned\x07\x1b[2J");

@@ -122,6 +122,13 @@ void print_process(const json& answer, const std::string& source, int chart_widt
           {"trims",
            std::to_string(u64(d, "trims")) + " (" + human_bytes(u64(d, "trimmed_bytes")) + ")"},
           {"OOMs", std::to_string(u64(d, "ooms"))}});
+    // The pool's own time in the driver's memory API: what physical memory cost the process's CPU
+    // (cache hits pay none). Record layouts before 5 did not carry it.
+    if (u64(p, "layout_version") == 0 || u64(p, "layout_version") >= 5) {
+      char ms[32];
+      std::snprintf(ms, sizeof ms, "%.1f ms", static_cast<double>(u64(d, "driver_ns")) / 1e6);
+      line({{"driver calls", std::to_string(u64(d, "driver_calls")) + " (" + ms + ")"}});
+    }
     // Memory the program maps itself with cuMemCreate/cuMemMap (XLA, expandable segments, NCCL):
     // on the GPU and charged to the process, but not served by the pool and not releasable by it.
     if (u64(p, "layout_version") != 0 && u64(p, "layout_version") < 3) {

@@ -25,6 +25,8 @@ struct MetricSpec {
   // The counter it reads; null for the derived ones (fragmentation ratio, process count).
   std::uint64_t DeviceCounters::*field;
   MetricScope scope = MetricScope::process;
+  // The field counts nanoseconds and the metric is in seconds (Prometheus's base unit).
+  bool seconds_from_ns = false;
 };
 
 inline constexpr const char* kProcessesMetric = "gpustitch_processes";
@@ -83,6 +85,12 @@ inline constexpr MetricSpec kMetrics[] = {
      &DeviceCounters::trimmed_bytes},
     {"gpustitch_oom_total", MetricKind::counter, "Out-of-memory errors returned.",
      &DeviceCounters::ooms},
+    {"gpustitch_driver_calls_total", MetricKind::counter,
+     "Calls the pool made into the driver's memory API (create, map, set access, unmap, release).",
+     &DeviceCounters::driver_calls},
+    {"gpustitch_driver_seconds_total", MetricKind::counter,
+     "Wall time the pool spent in those driver calls.", &DeviceCounters::driver_ns,
+     MetricScope::process, true},
     {"gpustitch_coop_given_bytes_total", MetricKind::counter,
      "Idle cached bytes released because a process on the same GPU asked.",
      &DeviceCounters::coop_given_bytes},

@@ -31,8 +31,8 @@ namespace gpustitch::shm {
 
 inline constexpr std::uint64_t kRecordMagic = 0x3148435449545347ull;  // "GSTITCH1", little endian
 // 2: cooperative-release counters; 3: memory the program maps itself (program_*); 4: of that,
-// what the pool served (program_served_*).
-inline constexpr std::uint32_t kLayoutVersion = 4;
+// what the pool served (program_served_*); 5: the pool's own driver calls (driver_*).
+inline constexpr std::uint32_t kLayoutVersion = 5;
 
 inline constexpr int kMaxDevices = 16;
 inline constexpr int kHistogramBuckets = 32;  // = gpustitch::kHistogramBuckets (checked in .cpp)
@@ -91,6 +91,13 @@ inline constexpr std::size_t kUuidBytes = 16;
   X(program_served_bytes)   /* of program_held_bytes: handles the pool lent (program_lending.h) */ \
   X(program_served_handles) /* those handles */
 
+// The pool's own calls into the driver's memory API (create, map, set-access, unmap, release),
+// counted and timed by the core (DeviceStats::driver_calls/driver_ns): the CPU time the pool adds
+// to its process for physical memory, which cache hits never pay. Layout 5.
+#define GPUSTITCH_SHM_DRIVER_COUNTERS(X)               \
+  X(driver_calls) /* memory-API calls the pool made */ \
+  X(driver_ns)    /* wall time in them, nanoseconds (the calls themselves, not locks) */
+
 struct DeviceCounters {
 #define GPUSTITCH_SHM_FIELD(name) std::uint64_t name;
   GPUSTITCH_SHM_DEVICE_COUNTERS(GPUSTITCH_SHM_FIELD)
@@ -104,6 +111,7 @@ struct DeviceCounters {
 #define GPUSTITCH_SHM_FIELD(name) std::uint64_t name;
   GPUSTITCH_SHM_COOP_COUNTERS(GPUSTITCH_SHM_FIELD)
   GPUSTITCH_SHM_PROGRAM_COUNTERS(GPUSTITCH_SHM_FIELD)
+  GPUSTITCH_SHM_DRIVER_COUNTERS(GPUSTITCH_SHM_FIELD)
 #undef GPUSTITCH_SHM_FIELD
 
   // What cooperative release may ask this process's pool for: its idle cache. Memory the program
@@ -225,10 +233,12 @@ struct Record {
 
 // ---- layout pins: a change here is a layout change, bump kLayoutVersion --------------------
 static_assert(std::is_trivially_copyable_v<Record> && std::is_standard_layout_v<Record>);
-static_assert(sizeof(DeviceCounters) == 24 * 8 + 2 * kHistogramBuckets * 8 + 32 + 7 * 8 + 6 * 8);
-static_assert(sizeof(DeviceCounters) == 840);
+static_assert(sizeof(DeviceCounters) ==
+              24 * 8 + 2 * kHistogramBuckets * 8 + 32 + 7 * 8 + 6 * 8 + 2 * 8);
+static_assert(sizeof(DeviceCounters) == 856);
 static_assert(offsetof(DeviceCounters, program_held_bytes) == 792);
 static_assert(offsetof(DeviceCounters, program_served_bytes) == 824);
+static_assert(offsetof(DeviceCounters, driver_calls) == 840);
 static_assert(sizeof(RecordHeader) == 64);
 static_assert(sizeof(Identity) == 48 + kExeBytes + kCmdlineBytes);
 static_assert(sizeof(Snapshot) == 64 + kMaxDevices * sizeof(DeviceCounters));
@@ -240,9 +250,9 @@ static_assert(sizeof(SiteTable) == 64 + kMaxSites * sizeof(Site));
 static_assert(offsetof(Record, header) == 0);
 static_assert(offsetof(Record, identity) == 64);
 static_assert(offsetof(Record, snapshot) == 64 + 1328);
-static_assert(offsetof(Record, events) == 1392 + 13504);
-static_assert(offsetof(Record, sites) == 14896 + 6208);
-static_assert(sizeof(Record) == 21104 + 21952);
+static_assert(offsetof(Record, events) == 1392 + 13760);
+static_assert(offsetof(Record, sites) == 15152 + 6208);
+static_assert(sizeof(Record) == 21360 + 21952);
 static_assert(offsetof(Snapshot, devices) == 64);
 static_assert(offsetof(EventRing, slots) == 64);
 static_assert(offsetof(SiteTable, sites) == 64);
@@ -268,6 +278,8 @@ constexpr LayoutInfo layout_with_stride(std::uint32_t version, std::size_t strid
 }
 inline constexpr LayoutInfo kReadableLayouts[] = {
     layout_with_stride(kLayoutVersion, sizeof(DeviceCounters)),
+    // 4: without the driver_* counters.
+    layout_with_stride(4, offsetof(DeviceCounters, driver_calls)),
     // 3: without the program_served_* counters.
     layout_with_stride(3, offsetof(DeviceCounters, program_served_bytes)),
     // 2: without the program_* counters.
@@ -276,13 +288,16 @@ inline constexpr LayoutInfo kReadableLayouts[] = {
 static_assert(kReadableLayouts[0].record_size == sizeof(Record));
 static_assert(kReadableLayouts[0].events_offset == offsetof(Record, events));
 static_assert(kReadableLayouts[0].sites_offset == offsetof(Record, sites));
-// Layouts 3 and 2 as they were pinned when they were current.
-static_assert(kReadableLayouts[1].record_size == 20848 + 21952);
-static_assert(kReadableLayouts[1].events_offset == 1392 + 13248);
-static_assert(kReadableLayouts[1].sites_offset == 14640 + 6208);
-static_assert(kReadableLayouts[2].record_size == 20336 + 21952);
-static_assert(kReadableLayouts[2].events_offset == 1392 + 12736);
-static_assert(kReadableLayouts[2].sites_offset == 14128 + 6208);
+// Layouts 4, 3 and 2 as they were pinned when they were current.
+static_assert(kReadableLayouts[1].record_size == 21104 + 21952);
+static_assert(kReadableLayouts[1].events_offset == 1392 + 13504);
+static_assert(kReadableLayouts[1].sites_offset == 14896 + 6208);
+static_assert(kReadableLayouts[2].record_size == 20848 + 21952);
+static_assert(kReadableLayouts[2].events_offset == 1392 + 13248);
+static_assert(kReadableLayouts[2].sites_offset == 14640 + 6208);
+static_assert(kReadableLayouts[3].record_size == 20336 + 21952);
+static_assert(kReadableLayouts[3].events_offset == 1392 + 12736);
+static_assert(kReadableLayouts[3].sites_offset == 14128 + 6208);
 
 // The readable layout with this version, or null.
 constexpr const LayoutInfo* find_layout(std::uint32_t version) {
