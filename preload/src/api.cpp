@@ -92,6 +92,8 @@ __attribute__((visibility("default"))) int gpustitch_get_stats(int device,
   r.largest_possible = s.largest_possible;
   r.device_free = s.device_free;
   r.device_total = s.device_total;
+  r.driver_calls = s.driver_calls;
+  r.driver_ns = s.driver_ns;
   std::memcpy(out, &r, size < sizeof r ? size : sizeof r);
   return 0;
 }

@@ -34,7 +34,8 @@ class _DeviceStats(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in (
         "allocs", "frees", "cache_hits", "fresh", "stitches", "ooms", "live_blocks",
         "bytes_requested", "bytes_allocated", "bytes_reserved", "bytes_cached", "peak_allocated",
-        "peak_reserved", "largest_possible", "device_free", "device_total")]
+        "peak_reserved", "largest_possible", "device_free", "device_total",
+        "driver_calls", "driver_ns")]
 
 
 _HOW = ("run the program under `gpustitch run -- python ...` (or LD_PRELOAD=libgpustitch.so), "

@@ -51,6 +51,9 @@ def loaded():
     assert released >= 4 * 16 * MiB, released
     assert after["reserved_bytes.all.current"] == stats["reserved_bytes.all.current"] - released
     assert after["allocated_bytes.all.current"] == stats["allocated_bytes.all.current"]
+    # Fresh memory and the trim went through the driver's memory API: counted and timed.
+    assert stats["gpustitch.driver_calls"] > 0 and stats["gpustitch.driver_ns"] > 0, stats
+    assert after["gpustitch.driver_calls"] > stats["gpustitch.driver_calls"], after
     trimmed = gpustitch.snapshot()
     assert any(e["action"] == "segment_unmap" for e in trimmed["device_traces"][0]), trimmed
     assert check_snapshot.history_error(trimmed) is None, check_snapshot.history_error(trimmed)

@@ -33,7 +33,8 @@ class ShimStats(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "allocs", "frees", "cache_hits", "fresh", "stitches", "ooms", "live_blocks",
         "bytes_requested", "bytes_allocated", "bytes_reserved", "bytes_cached", "peak_allocated",
-        "peak_reserved", "largest_possible", "device_free", "device_total")]
+        "peak_reserved", "largest_possible", "device_free", "device_total",
+        "driver_calls", "driver_ns")]
 
 
 def shim():
@@ -57,6 +58,16 @@ def build_model(torch, args):
     return LlamaForCausalLM(cfg).to("cuda")
 
 
+def driver_figures():
+    """The pool's (driver calls, driver ns) so far, or None without the shim."""
+    lib = shim()
+    if lib is None:
+        return None
+    s = ShimStats()
+    lib.gpustitch_get_stats(0, ctypes.byref(s), ctypes.sizeof(s))
+    return s.driver_calls, s.driver_ns
+
+
 def train(torch, model, args, rng):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     tokens = 0
@@ -65,6 +76,7 @@ def train(torch, model, args, rng):
         if step == args.warmup:
             torch.cuda.synchronize()
             start, tokens = time.perf_counter(), 0
+            args.driver_at_start = driver_figures()
         n = rng.randint(args.min_len, args.max_len)
         ids = torch.randint(3, 32000, (args.batch, n), device="cuda")
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -86,6 +98,7 @@ def generate(torch, model, args, rng):
             if r == args.warmup:
                 torch.cuda.synchronize()
                 start, tokens = time.perf_counter(), 0
+                args.driver_at_start = driver_figures()
             batch = rng.randint(1, args.max_batch)
             prompt, new = rng.randint(16, 512), rng.randint(16, args.max_new)
             ids = torch.randint(3, 32000, (batch, prompt), device="cuda")
@@ -131,6 +144,11 @@ def main():
         # calling the CUDA allocator directly) plus the pool's rounding (allocated - requested).
         torch.cuda.synchronize()
         lib.gpustitch_get_stats(0, ctypes.byref(s), ctypes.sizeof(s))
+        if getattr(args, "driver_at_start", None):
+            # The pool's own time in the driver inside the timed steps.
+            result.update(pool_driver_calls_timed=s.driver_calls - args.driver_at_start[0],
+                          pool_driver_ms_timed=round(
+                              (s.driver_ns - args.driver_at_start[1]) / 1e6, 3))
         result.update(torch_peak_allocated=torch.cuda.max_memory_allocated(),
                       torch_allocated_now=torch.cuda.memory_allocated(),
                       pool_requested_now=s.bytes_requested, pool_allocated_now=s.bytes_allocated)

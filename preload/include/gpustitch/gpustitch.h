@@ -61,6 +61,10 @@ typedef struct gpustitch_device_stats {
   uint64_t largest_possible;
   uint64_t device_free;
   uint64_t device_total;
+  /* Appended after 0.1.0: a library from before leaves them as the caller set them, so
+   * zero-initialize the struct. */
+  uint64_t driver_calls; /* the pool's calls into the driver's memory API (create, map, ...) */
+  uint64_t driver_ns;    /* wall time in those calls, nanoseconds */
 } gpustitch_device_stats;
 
 /* Fills *out (size: sizeof(gpustitch_device_stats), for forward compatibility) for device.
