@@ -131,6 +131,7 @@ def main():
     run = train if args.mode == "train" else generate
     tokens, seconds = run(torch, model, args, rng)
     result = {"mode": args.mode, "tokens_per_s": round(tokens / seconds, 1),
+              "timed_s": round(seconds, 3),
               "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
               "no_caching": os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING", "")}
     lib = shim()
