@@ -52,6 +52,15 @@ std::pair<int, std::string> cli(std::vector<std::string> args, std::vector<std::
 class CliStats : public ::testing::Test {
  protected:
   // This process's record, with exact figures.
+  // This process's record with one device's counters.
+  void publish_one_device(const char* exe, const char* cmdline, const shm::DeviceCounters& d) {
+    std::string why;
+    writer_ =
+        shm::RecordWriter::create(shm::RecordWriter::self_name(g_.prefix), exe, cmdline, 100, &why);
+    ASSERT_TRUE(writer_) << why;
+    writer_->publish(std::span<const shm::DeviceCounters>(&d, 1), shm::realtime_ns());
+  }
+
   void publish_own(const std::string& cmdline = "trainer --epochs 3") {
     std::string why;
     writer_ = shm::RecordWriter::create(shm::RecordWriter::self_name(g_.prefix), "/opt/trainer",
@@ -131,10 +140,6 @@ TEST_F(CliStats, PsTableUsesHumanUnits) {
 // Memory the program maps itself (cuMemCreate/cuMemMap, not served by the pool) has its own
 // column in ps, its own line in show, and its fields in --json.
 TEST_F(CliStats, ProgramMappedMemoryIsShownApartFromThePool) {
-  std::string why;
-  writer_ = shm::RecordWriter::create(shm::RecordWriter::self_name(g_.prefix), "/opt/jax",
-                                      "python train_jax.py", 100, &why);
-  ASSERT_TRUE(writer_) << why;
   shm::DeviceCounters d{};
   d.bytes_allocated = 1 * GiB;
   d.bytes_reserved = 1 * GiB;
@@ -142,7 +147,8 @@ TEST_F(CliStats, ProgramMappedMemoryIsShownApartFromThePool) {
   d.program_created_bytes = 5 * GiB;
   d.program_handles = 3;
   d.program_mapped_bytes = 7 * GiB;
-  writer_->publish(std::span<const shm::DeviceCounters>(&d, 1), shm::realtime_ns());
+  publish_one_device("/opt/jax", "python train_jax.py", d);
+  ASSERT_TRUE(writer_);
 
   auto [rc, out] = cli(with({"ps"}, src()));
   ASSERT_EQ(rc, 0) << out;
@@ -174,16 +180,13 @@ TEST_F(CliStats, ProgramMappedMemoryIsShownApartFromThePool) {
 // The pool's own time in the driver's memory API (what physical memory cost the process's CPU):
 // a line in show and two fields in --json.
 TEST_F(CliStats, ShowSaysHowLongThePoolSpentInTheDriver) {
-  std::string why;
-  writer_ = shm::RecordWriter::create(shm::RecordWriter::self_name(g_.prefix), "/usr/bin/python3",
-                                      "python3 train.py", 100, &why);
-  ASSERT_TRUE(writer_) << why;
   shm::DeviceCounters d{};
   d.bytes_allocated = 1 * GiB;
   d.bytes_reserved = 1 * GiB;
   d.driver_calls = 6482;
   d.driver_ns = 295'812'345;
-  writer_->publish(std::span<const shm::DeviceCounters>(&d, 1), shm::realtime_ns());
+  publish_one_device("/usr/bin/python3", "python3 train.py", d);
+  ASSERT_TRUE(writer_);
 
   auto [rc, show] = cli(with({"show", std::to_string(::getpid())}, src()));
   ASSERT_EQ(rc, 0) << show;

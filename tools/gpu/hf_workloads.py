@@ -58,25 +58,26 @@ def build_model(torch, args):
     return LlamaForCausalLM(cfg).to("cuda")
 
 
-def driver_figures():
-    """The pool's (driver calls, driver ns) so far, or None without the shim."""
+def pool_stats():
+    """The pool's statistics now (ShimStats), or None without the shim."""
     lib = shim()
     if lib is None:
         return None
     s = ShimStats()
     lib.gpustitch_get_stats(0, ctypes.byref(s), ctypes.sizeof(s))
-    return s.driver_calls, s.driver_ns
+    return s
 
 
 def train(torch, model, args, rng):
+    """Returns (tokens, seconds, the pool's statistics when timing started or None)."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     tokens = 0
-    start = None
+    start = at_start = None
     for step in range(args.steps):
         if step == args.warmup:
             torch.cuda.synchronize()
             start, tokens = time.perf_counter(), 0
-            args.driver_at_start = driver_figures()
+            at_start = pool_stats()
         n = rng.randint(args.min_len, args.max_len)
         ids = torch.randint(3, 32000, (args.batch, n), device="cuda")
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -86,19 +87,20 @@ def train(torch, model, args, rng):
         opt.zero_grad(set_to_none=True)
         tokens += args.batch * n
     torch.cuda.synchronize()
-    return tokens, time.perf_counter() - start
+    return tokens, time.perf_counter() - start, at_start
 
 
 def generate(torch, model, args, rng):
+    """Returns (tokens, seconds, the pool's statistics when timing started or None)."""
     model.eval()
     tokens = 0
-    start = None
+    start = at_start = None
     with torch.no_grad():
         for r in range(args.requests):
             if r == args.warmup:
                 torch.cuda.synchronize()
                 start, tokens = time.perf_counter(), 0
-                args.driver_at_start = driver_figures()
+                at_start = pool_stats()
             batch = rng.randint(1, args.max_batch)
             prompt, new = rng.randint(16, 512), rng.randint(16, args.max_new)
             ids = torch.randint(3, 32000, (batch, prompt), device="cuda")
@@ -107,7 +109,7 @@ def generate(torch, model, args, rng):
                                      max_new_tokens=new, min_new_tokens=new, do_sample=False)
             tokens += batch * (out.shape[1] - prompt)
     torch.cuda.synchronize()
-    return tokens, time.perf_counter() - start
+    return tokens, time.perf_counter() - start, at_start
 
 
 def main():
@@ -129,27 +131,22 @@ def main():
     torch.manual_seed(args.seed)
     model = build_model(torch, args)
     run = train if args.mode == "train" else generate
-    tokens, seconds = run(torch, model, args, rng)
+    tokens, seconds, at_start = run(torch, model, args, rng)
     result = {"mode": args.mode, "tokens_per_s": round(tokens / seconds, 1),
               "timed_s": round(seconds, 3),
               "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
               "no_caching": os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING", "")}
-    lib = shim()
-    if lib is not None:
-        s = ShimStats()
-        lib.gpustitch_get_stats(0, ctypes.byref(s), ctypes.sizeof(s))
+    s = pool_stats()
+    if s is not None:
         result.update(source="gpustitch", peak_allocated=s.peak_allocated,
                       peak_reserved=s.peak_reserved, fresh=s.fresh, stitches=s.stitches)
+        if at_start is not None:
+            # The pool's own time in the driver inside the timed steps.
+            result.update(pool_driver_calls_timed=s.driver_calls - at_start.driver_calls,
+                          pool_driver_ms_timed=round((s.driver_ns - at_start.driver_ns) / 1e6, 3))
         # The same instant seen by both (the model and the optimizer's state are live): what the
         # pool serves beyond PyTorch's own count is allocations PyTorch does not make (libraries
         # calling the CUDA allocator directly) plus the pool's rounding (allocated - requested).
-        torch.cuda.synchronize()
-        lib.gpustitch_get_stats(0, ctypes.byref(s), ctypes.sizeof(s))
-        if getattr(args, "driver_at_start", None):
-            # The pool's own time in the driver inside the timed steps.
-            result.update(pool_driver_calls_timed=s.driver_calls - args.driver_at_start[0],
-                          pool_driver_ms_timed=round(
-                              (s.driver_ns - args.driver_at_start[1]) / 1e6, 3))
         result.update(torch_peak_allocated=torch.cuda.max_memory_allocated(),
                       torch_allocated_now=torch.cuda.memory_allocated(),
                       pool_requested_now=s.bytes_requested, pool_allocated_now=s.bytes_allocated)
