@@ -17,6 +17,7 @@ Backing::Backing(Backend& backend, int device) noexcept : backend_(backend), dev
 }
 
 Backing::~Backing() {
+  settle_retired();  // the reclaimer has stopped: nothing is claimed
   while (!mapped_.empty()) {
     Handle& h = *mapped_.begin();
     mapped_.erase(mapped_.begin());
@@ -36,17 +37,6 @@ Backing::~Backing() {
   }
 }
 
-template <class Call>
-Status Backing::timed(Call&& call) noexcept {
-  const auto t0 = std::chrono::steady_clock::now();
-  const Status s = call();
-  driver_ns_ += static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
-          .count());
-  ++driver_calls_;
-  return s;
-}
-
 Status Backing::create(std::size_t size, Handle** out) noexcept {
   auto* h = new (std::nothrow) Handle;
   if (h == nullptr) return Status::out_of_memory;
@@ -62,7 +52,17 @@ Status Backing::create(std::size_t size, Handle** out) noexcept {
   return Status::ok;
 }
 
+Status Backing::settle_retired() noexcept {
+  return settle([](DevPtr, std::size_t, PhysHandle) { return true; });
+}
+
 Status Backing::map(Handle* h, DevPtr at) noexcept {
+  // Nothing is mapped over a place a moved handle still holds in the driver.
+  if (Status s = settle(
+          [&](DevPtr r, std::size_t n, PhysHandle) { return r < at + h->size && at < r + n; });
+      s != Status::ok) {
+    return s;
+  }
   if (Status s = timed([&] { return backend_.map(at, h->size, h->id, 0); }); s != Status::ok) {
     return s;
   }
@@ -82,7 +82,34 @@ Status Backing::unmap(Handle* h) noexcept {
   return Status::ok;
 }
 
+Status Backing::retire(Handle* h) noexcept {
+  if (!retired_.add(h->at, h->size, h->id)) return unmap(h);
+  mapped_.erase(mapped_.iterator_to(*h));
+  mapped_bytes_ -= h->size;
+  h->at = 0;
+  spares_.insert(*h);
+  return Status::ok;
+}
+
+void Backing::unmap_claimed(std::span<const RetiredMappings::Claim> claims) noexcept {
+  for (const RetiredMappings::Claim& c : claims) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const Status s = backend_.unmap(c.at, c.size);
+    background_ns_.fetch_add(
+        static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                       std::chrono::steady_clock::now() - t0)
+                                       .count()),
+        std::memory_order_relaxed);
+    background_calls_.fetch_add(1, std::memory_order_relaxed);
+    retired_.finish(c, s);
+  }
+}
+
 void Backing::release(Handle* h) noexcept {
+  // Its old places unmapped first: the driver frees the memory only once nothing maps it.
+  if (settle([&](DevPtr, std::size_t, PhysHandle id) { return id == h->id; }) != Status::ok) {
+    return;  // still held, still a spare: a later trim tries again
+  }
   spares_.erase(spares_.iterator_to(*h));
   if (timed([&] { return backend_.release(h->id); }) == Status::ok) {
     held_bytes_ -= h->size;

@@ -9,16 +9,23 @@
 // performs and books the operations, and keeps a release the driver refused for a retry, still
 // counted as held, so that nothing leaks and bytes_reserved never under-counts.
 //
-// Not thread-safe: the device lock guards it. No host allocation but the Handle node itself
-// (new(std::nothrow): a failure is an out-of-memory like the driver's).
+// Unmapping a moved handle's old place can be left to the reclaimer thread (retire,
+// retired_mappings.h: why, and what keeps it safe).
+//
+// Not thread-safe: the device lock guards it, but for unmap_claimed, which the reclaimer calls
+// without it. No host allocation but the Handle node itself (new(std::nothrow): a failure is an
+// out-of-memory like the driver's).
 #pragma once
 
+#include <atomic>
 #include <boost/intrusive/set.hpp>
+#include <chrono>
 #include <span>
 #include <vector>
 
 #include "gpustitch/backend.h"
 #include "pool_types.h"
+#include "retired_mappings.h"
 
 namespace gpustitch::detail {
 
@@ -47,6 +54,27 @@ class Backing {
   Status map(Handle* h, DevPtr at) noexcept;
   // A mapped handle unmapped: it becomes a spare.
   Status unmap(Handle* h) noexcept;
+  // As unmap, but the driver's unmap is left for unmap_claimed (the reclaimer thread); inline
+  // when the table of retired mappings is full. The handle is a spare at once, and can be mapped
+  // elsewhere while its old place stays mapped.
+  Status retire(Handle* h) noexcept;
+  // Retired mappings not yet unmapped, and those no thread has taken yet.
+  std::size_t retired() const noexcept { return retired_.live(); }
+  std::size_t retired_waiting() const noexcept { return retired_.waiting(); }
+  // Takes retired mappings to unmap (lock held), and unmaps them (no lock: the reclaimer).
+  std::size_t claim_retired(std::span<RetiredMappings::Claim> out) noexcept {
+    return retired_.claim(out);
+  }
+  void unmap_claimed(std::span<const RetiredMappings::Claim> claims) noexcept;
+  // Unmaps every retired mapping now (a trim, teardown); returns the first failure.
+  Status settle_retired() noexcept;
+  // In a fork child: claims of the parent's reclaimer go back to waiting.
+  void after_fork_child() noexcept { retired_.forget_claims(); }
+  // Calls fn(at, size) for every retired place not yet unmapped (LargeHeap::validate).
+  template <class Fn>
+  void for_each_retired(Fn&& fn) const noexcept {
+    retired_.for_each([&](DevPtr at, std::size_t size, PhysHandle) { fn(at, size); });
+  }
   // A spare handle given back to the driver (cuMemRelease); a refused release is retried later.
   void release(Handle* h) noexcept;
   // Retries releases the driver refused; returns the bytes released.
@@ -76,9 +104,20 @@ class Backing {
   std::size_t spare_bytes() const noexcept { return held_bytes_ - mapped_bytes_ - failed_bytes_; }
   std::size_t handle_count() const noexcept { return count_; }
   // The driver calls made through this class (create, map, set access, unmap, release) and the
-  // time spent in them: what the pool's layout costs, next to what the program does.
-  std::uint64_t driver_calls() const noexcept { return driver_calls_; }
-  std::uint64_t driver_ns() const noexcept { return driver_ns_; }
+  // time spent in them: what the pool's layout costs, next to what the program does. All of
+  // them, and of those the reclaimer thread's (unmap_claimed), off the program's threads.
+  std::uint64_t driver_calls() const noexcept {
+    return driver_calls_ + background_calls_.load(std::memory_order_relaxed);
+  }
+  std::uint64_t driver_ns() const noexcept {
+    return driver_ns_ + background_ns_.load(std::memory_order_relaxed);
+  }
+  std::uint64_t background_calls() const noexcept {
+    return background_calls_.load(std::memory_order_relaxed);
+  }
+  std::uint64_t background_ns() const noexcept {
+    return background_ns_.load(std::memory_order_relaxed);
+  }
 
  private:
   Backend& backend_;
@@ -93,9 +132,33 @@ class Backing {
   std::size_t count_ = 0;
   std::uint64_t driver_calls_ = 0;
   std::uint64_t driver_ns_ = 0;
+  std::atomic<std::uint64_t> background_calls_{0};
+  std::atomic<std::uint64_t> background_ns_{0};
+  RetiredMappings retired_;
 
   template <class Call>
   Status timed(Call&& call) noexcept;  // one backend call, counted and timed
+  // Settles the retired mappings that `match(at, size, handle)` selects (retired_mappings.h).
+  template <class Match>
+  Status settle(Match&& match) noexcept;
 };
+
+template <class Call>
+Status Backing::timed(Call&& call) noexcept {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status s = call();
+  driver_ns_ += static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+          .count());
+  ++driver_calls_;
+  return s;
+}
+
+template <class Match>
+Status Backing::settle(Match&& match) noexcept {
+  return retired_.settle(match, [&](DevPtr at, std::size_t size) {
+    return timed([&] { return backend_.unmap(at, size); });
+  });
+}
 
 }  // namespace gpustitch::detail

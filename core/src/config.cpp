@@ -126,6 +126,13 @@ const std::vector<KeySpec>& key_specs() {
          if (v == "inline") return c.background_reclaim = false, true;
          return false;
        }},
+      {"unmap", "background, inline or lazy",
+       [](std::string_view v, Config& c) {
+         if (v == "background") return c.unmap = Config::Unmap::background, true;
+         if (v == "inline") return c.unmap = Config::Unmap::inline_, true;
+         if (v == "lazy") return c.unmap = Config::Unmap::lazy, true;
+         return false;
+       }},
       {"driver_pool_release", "on or off",
        [](std::string_view v, Config& c) { return parse_bool(v, &c.driver_pool_release); }},
       {"stream_miss_fence", "on or off",

@@ -62,6 +62,8 @@ LargeHeap::Options heap_options(Backend& backend, const Config& config, int devi
   o.handle_share = config.handle_share;
   o.coarse_min = config.fresh_coarse;
   o.move = config.stitching;
+  o.defer_unmap = config.unmap == Config::Unmap::lazy ||
+                  (config.unmap == Config::Unmap::background && config.background_reclaim);
   o.max_split_size = config.max_split_size;
   return o;
 }
@@ -284,6 +286,10 @@ bool DevicePool::grow_heap(std::size_t rounded, Block** out, Outcome* outcome,
   const Status s = heap_.grow(rounded, fresh ? fresh_allowance() : 0, out, &g);
   sync_physical();  // a failed grow may still have moved handles (they stay spares)
   note_free_changed();
+  // Moved handles' old places wait for the reclaimer's unmap (retired_mappings.h).
+  if (config_.unmap == Config::Unmap::background && heap_.backing().retired() != 0) {
+    reclaimer_.kick();
+  }
   if (s != Status::ok) return false;
   if (g.fresh_bytes != 0) ++stats_.fresh;
   if (g.moved_handles + g.spare_handles != 0) {
@@ -521,6 +527,7 @@ std::string DevicePool::validate() const {
 
 void DevicePool::after_fork_child() noexcept {
   reclaimer_.forget_after_fork();
+  heap_.backing().after_fork_child();
 }
 
 }  // namespace gpustitch::detail

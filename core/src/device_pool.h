@@ -122,6 +122,9 @@ class DevicePool final {
   bool has_pending() const noexcept;  // lock held
   bool arenas_pending() const noexcept;
   bool fence_pass() noexcept;    // reclaimer thread entry: unlocked
+  // Reclaimer thread: unmaps moved handles' old places (retired_mappings.h); returns whether
+  // more wait.
+  bool unmap_retired() noexcept;
   void fence_locked() noexcept;  // slow path: fence with the lock held
   // Fences with the lock held if memory waits for a fence and the last fence found the device
   // idle (fence_is_cheap); returns whether it fenced.

@@ -5,6 +5,8 @@
 #include "device_pool.h"
 
 #include <algorithm>
+#include <array>
+#include <span>
 
 #include "device_pool_internal.h"
 
@@ -92,11 +94,30 @@ void DevicePool::wait_for_reclaimer(std::uint64_t epoch) noexcept {
   promote(completed_epoch_.load(std::memory_order_acquire));
 }
 
+bool DevicePool::unmap_retired() noexcept {
+  // A batch at a time, so that an allocation waiting for one of them (Backing::map over its
+  // place) waits for a few driver calls at most.
+  if (config_.unmap != Config::Unmap::background) return false;
+  std::array<RetiredMappings::Claim, 16> claims;
+  std::size_t n;
+  {
+    std::lock_guard lock(mu_);
+    n = heap_.backing().claim_retired(claims);
+  }
+  if (n == 0) return false;
+  heap_.backing().unmap_claimed(std::span(claims.data(), n));  // without the lock
+  std::lock_guard lock(mu_);
+  return heap_.backing().retired_waiting() != 0;
+}
+
 bool DevicePool::fence_pass() noexcept {
+  // Moved handles' old places first (retired_mappings.h): no device wait, and the allocating
+  // thread may need their address space.
+  const bool more_unmaps = unmap_retired();
   std::uint64_t target;
   {
     std::lock_guard lock(mu_);
-    if (!has_pending()) return false;
+    if (!has_pending()) return more_unmaps;
     target = epoch_.fetch_add(1);
   }
   // The device is waited for without the lock: allocations and frees go on meanwhile.
@@ -119,7 +140,7 @@ bool DevicePool::fence_pass() noexcept {
   // the device lock) and what the fence covered is released.
   if (settle() && drain_large_caches()) settle();
   emit(outcome);
-  return more;
+  return more || more_unmaps;
 }
 
 void DevicePool::drain_pending() noexcept {

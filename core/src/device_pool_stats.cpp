@@ -149,6 +149,8 @@ DeviceStats DevicePool::stats() const noexcept {
   s.largest_free_block = heap_.largest_free();
   s.driver_calls = heap_.backing().driver_calls() + chunks_.backing().driver_calls();
   s.driver_ns = heap_.backing().driver_ns() + chunks_.backing().driver_ns();
+  s.driver_background_calls = heap_.backing().background_calls();
+  s.driver_background_ns = heap_.backing().background_ns();
   s.largest_possible = usable_ ? largest_possible_locked(device_free, false) : 0;
   return s;
 }

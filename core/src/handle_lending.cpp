@@ -32,7 +32,8 @@
 // leaves no room, in which case the caller releases it to the driver.
 //
 // Locks: the device lock, as every other change of the books; no backend call is made here (a
-// lend and a take-back only move a handle between the program and the pool).
+// lend and a take-back only move a handle between the program and the pool), but the unmap of a
+// lent spare's old place if the reclaimer has not made it yet (retired_mappings.h).
 #include <new>
 
 #include "backing.h"
@@ -62,6 +63,11 @@ Handle* Backing::detach_spare(std::size_t size) noexcept {
   auto it = spares_.lower_bound(size, SizeKey{});  // the first spare of at least `size`
   if (it == spares_.end() || it->size != size) return nullptr;
   Handle* h = &*it;
+  // The program gets a handle the pool no longer maps anywhere (its old place unmapped now if the
+  // reclaimer has not done it yet).
+  if (settle([&](DevPtr, std::size_t, PhysHandle id) { return id == h->id; }) != Status::ok) {
+    return nullptr;
+  }
   spares_.erase(it);
   held_bytes_ -= h->size;
   --count_;

@@ -76,6 +76,9 @@ std::size_t LargeHeap::release_mapped(Handle* h) noexcept {
 }
 
 std::size_t LargeHeap::release(std::size_t wanted) noexcept {
+  // Moved handles' old places go too (retired_mappings.h): a trim leaves the driver nothing of
+  // the pool's but what backs its blocks.
+  backing_.settle_retired();
   std::size_t released = 0;
   while (released < wanted) {
     const std::size_t got = release_one(wanted - released);

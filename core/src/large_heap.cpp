@@ -373,8 +373,9 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
     done += size;
     if (size > fine_cap_) ++coarse_created_;
   }
-  // Move: unmap idle handles where they lie; their place becomes unbacked. One the driver will
-  // not unmap stays where it is, and fresh memory stands in for it if the allowance permits.
+  // Move: unmap idle handles where they lie (or leave that to the reclaimer thread:
+  // defer_unmap); their place becomes unbacked. One the driver will not unmap stays where it is,
+  // and fresh memory stands in for it if the allowance permits.
   std::size_t covered = 0;
   const std::size_t moved_end = spares_used + moved;  // chosen_[spares_used, moved_end): idle ones
   DevPtr run_lo = 0, run_hi = 0;  // places unmapped side by side: one segment_unmap for them
@@ -384,7 +385,8 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
       Handle old;  // carve needs the old place
       old.at = h->at;
       old.size = h->size;
-      if (backing_.unmap(h) != Status::ok) {
+      const Status unmapped = options_.defer_unmap ? backing_.retire(h) : backing_.unmap(h);
+      if (unmapped != Status::ok) {
         chosen_[i] = nullptr;
         --moved;
         continue;
@@ -522,6 +524,15 @@ std::string LargeHeap::validate() const {
     mapped += h.size;
   }
   if (mapped != backing_.mapped_bytes()) return "mapped byte count";
+  // A place still mapped for a moved handle is address space no block uses.
+  const char* retired_error = nullptr;
+  backing_.for_each_retired([&](DevPtr at, std::size_t size) {
+    const Block* b = space_.block_at(at);
+    if (b == nullptr || b->state != BlockState::unbacked || at + size > b->end()) {
+      retired_error = "a retired mapping lies outside unbacked address space";
+    }
+  });
+  if (retired_error != nullptr) return retired_error;
   return {};
 }
 

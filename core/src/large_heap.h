@@ -41,6 +41,9 @@ class LargeHeap {
     std::size_t coarse_min = 0;
     std::size_t coarse_handles = 4;
     bool move = true;  // back requests with idle handles moved from elsewhere
+    // A moved handle's old place is unmapped by the reclaimer thread, not the allocating one
+    // (retired_mappings.h); false: inline, as without that thread.
+    bool defer_unmap = false;
     // PyTorch's max_split_size_mb: free blocks at least this large serve only requests at least
     // this large, and their handles do not move for smaller ones.
     std::size_t max_split_size = SIZE_MAX;

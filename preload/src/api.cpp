@@ -94,6 +94,8 @@ __attribute__((visibility("default"))) int gpustitch_get_stats(int device,
   r.device_total = s.device_total;
   r.driver_calls = s.driver_calls;
   r.driver_ns = s.driver_ns;
+  r.driver_background_calls = s.driver_background_calls;
+  r.driver_background_ns = s.driver_background_ns;
   std::memcpy(out, &r, size < sizeof r ? size : sizeof r);
   return 0;
 }

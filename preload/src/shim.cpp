@@ -73,9 +73,11 @@ void print_summary() noexcept {
           d < kMaxCountedDevices ? g_passed_through[d].load(std::memory_order_relaxed) : 0;
       const std::string line = fmt::format(
           "summary device {}: allocs {}, cache hits {}, fresh {}, stitches {}, OOMs {}, peak "
-          "reserved {}, driver calls {} ({:.1f} ms), passed through {} (backend {})",
+          "reserved {}, driver calls {} ({:.1f} ms; {} of them, {:.1f} ms, on the background "
+          "thread), passed through {} (backend {})",
           d, s.allocs, s.cache_hits, s.fresh, s.stitches, s.ooms, human_bytes(s.peak_reserved),
-          s.driver_calls, static_cast<double>(s.driver_ns) / 1e6, passed, pool->backend().name());
+          s.driver_calls, static_cast<double>(s.driver_ns) / 1e6, s.driver_background_calls,
+          static_cast<double>(s.driver_background_ns) / 1e6, passed, pool->backend().name());
       if (info) {
         lg.info("{}", line);
       } else {

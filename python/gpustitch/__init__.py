@@ -35,7 +35,7 @@ class _DeviceStats(ctypes.Structure):
         "allocs", "frees", "cache_hits", "fresh", "stitches", "ooms", "live_blocks",
         "bytes_requested", "bytes_allocated", "bytes_reserved", "bytes_cached", "peak_allocated",
         "peak_reserved", "largest_possible", "device_free", "device_total",
-        "driver_calls", "driver_ns")]
+        "driver_calls", "driver_ns", "driver_background_calls", "driver_background_ns")]
 
 
 _HOW = ("run the program under `gpustitch run -- python ...` (or LD_PRELOAD=libgpustitch.so), "

@@ -64,6 +64,12 @@ struct Config {
   // Frees wait for device work on a background thread (thread), or only when an allocation
   // needs their memory (inline: deterministic, for tests and replay).
   bool background_reclaim = true;  // reclaim:thread|inline
+  // A moved handle's old place is unmapped by that thread (background) instead of the allocating
+  // one (inline), which then makes a map and a share of one cuMemSetAccess per moved handle, not
+  // also an unmap (retired_mappings.h); inline where there is no such thread. lazy: only when
+  // its address space or handle is needed again (deterministic, for tests).
+  enum class Unmap : std::uint8_t { inline_, background, lazy };
+  Unmap unmap = Unmap::background;  // unmap:background|inline|lazy
   // A stream-ordered allocation (cudaMallocAsync) that would take fresh memory while much freed
   // memory still waits for its fence waits for the reclaimer's fence first (without the locks,
   // 200 ms at most, and not again until a fence that ran out completes), as a cudaMalloc does.

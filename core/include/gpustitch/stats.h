@@ -55,6 +55,10 @@ struct DeviceStats {
   // time spent in them since start, whichever thread made them.
   std::uint64_t driver_calls = 0;
   std::uint64_t driver_ns = 0;
+  // Of those, the ones the reclaimer thread made (moved handles' old places unmapped there,
+  // unmap:background): the rest ran on the threads that allocate.
+  std::uint64_t driver_background_calls = 0;
+  std::uint64_t driver_background_ns = 0;
   std::uint64_t hist_allocs[kHistogramBuckets] = {};  // allocations since start, by size
   std::uint64_t hist_live[kHistogramBuckets] = {};    // live allocations now, by size
 

@@ -65,6 +65,10 @@ typedef struct gpustitch_device_stats {
    * zero-initialize the struct. */
   uint64_t driver_calls; /* the pool's calls into the driver's memory API (create, map, ...) */
   uint64_t driver_ns;    /* wall time in those calls, nanoseconds */
+  /* Of those, the calls made on the pool's background thread (unmaps of moved memory's old
+   * places), not on the program's threads. */
+  uint64_t driver_background_calls;
+  uint64_t driver_background_ns;
 } gpustitch_device_stats;
 
 /* Fills *out (size: sizeof(gpustitch_device_stats), for forward compatibility) for device.
