@@ -40,7 +40,8 @@ Backing::~Backing() {
 Status Backing::create(std::size_t size, Handle** out) noexcept {
   auto* h = new (std::nothrow) Handle;
   if (h == nullptr) return Status::out_of_memory;
-  if (Status s = timed([&] { return backend_.create(device_, size, &h->id); }); s != Status::ok) {
+  if (Status s = timed(DriverOp::create, [&] { return backend_.create(device_, size, &h->id); });
+      s != Status::ok) {
     delete h;
     return s == Status::ok ? Status::out_of_memory : s;
   }
@@ -63,7 +64,8 @@ Status Backing::map(Handle* h, DevPtr at) noexcept {
       s != Status::ok) {
     return s;
   }
-  if (Status s = timed([&] { return backend_.map(at, h->size, h->id, 0); }); s != Status::ok) {
+  if (Status s = timed(DriverOp::map, [&] { return backend_.map(at, h->size, h->id, 0); });
+      s != Status::ok) {
     return s;
   }
   spares_.erase(spares_.iterator_to(*h));
@@ -74,7 +76,9 @@ Status Backing::map(Handle* h, DevPtr at) noexcept {
 }
 
 Status Backing::unmap(Handle* h) noexcept {
-  if (Status s = timed([&] { return backend_.unmap(h->at, h->size); }); s != Status::ok) return s;
+  if (Status s = timed(DriverOp::unmap, [&] { return backend_.unmap(h->at, h->size); });
+      s != Status::ok)
+    return s;
   mapped_.erase(mapped_.iterator_to(*h));
   mapped_bytes_ -= h->size;
   h->at = 0;
@@ -111,7 +115,7 @@ void Backing::release(Handle* h) noexcept {
     return;  // still held, still a spare: a later trim tries again
   }
   spares_.erase(spares_.iterator_to(*h));
-  if (timed([&] { return backend_.release(h->id); }) == Status::ok) {
+  if (timed(DriverOp::release, [&] { return backend_.release(h->id); }) == Status::ok) {
     held_bytes_ -= h->size;
     --count_;
     delete h;
@@ -129,7 +133,8 @@ void Backing::release(Handle* h) noexcept {
 std::size_t Backing::retry_failed() noexcept {
   std::size_t released = 0;
   std::erase_if(failed_, [&](Handle* h) {
-    if (timed([&] { return backend_.release(h->id); }) != Status::ok) return false;
+    if (timed(DriverOp::release, [&] { return backend_.release(h->id); }) != Status::ok)
+      return false;
     released += h->size;
     held_bytes_ -= h->size;
     failed_bytes_ -= h->size;
@@ -141,7 +146,7 @@ std::size_t Backing::retry_failed() noexcept {
 }
 
 Status Backing::set_access(DevPtr ptr, std::size_t size) noexcept {
-  return timed([&] {
+  return timed(DriverOp::set_access, [&] {
     return backend_.set_access(ptr, size, std::span<const int>(access_.data(), access_.size()));
   });
 }

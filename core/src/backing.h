@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "gpustitch/backend.h"
+#include "gpustitch/stats.h"
 #include "pool_types.h"
 #include "retired_mappings.h"
 
@@ -118,6 +119,14 @@ class Backing {
   std::uint64_t background_ns() const noexcept {
     return background_ns_.load(std::memory_order_relaxed);
   }
+  // By kind, on the calling threads (the background's are all unmaps: background_*): adds them
+  // to calls[] and ns[].
+  void add_op_counts(std::uint64_t* calls, std::uint64_t* ns) const noexcept {
+    for (int i = 0; i < kDriverOps; ++i) {
+      calls[i] += op_calls_[i];
+      ns[i] += op_ns_[i];
+    }
+  }
 
  private:
   Backend& backend_;
@@ -136,28 +145,34 @@ class Backing {
   std::atomic<std::uint64_t> background_ns_{0};
   RetiredMappings retired_;
 
+  std::uint64_t op_calls_[kDriverOps] = {};
+  std::uint64_t op_ns_[kDriverOps] = {};
+
   template <class Call>
-  Status timed(Call&& call) noexcept;  // one backend call, counted and timed
+  Status timed(DriverOp op, Call&& call) noexcept;  // one backend call, counted and timed
   // Settles the retired mappings that `match(at, size, handle)` selects (retired_mappings.h).
   template <class Match>
   Status settle(Match&& match) noexcept;
 };
 
 template <class Call>
-Status Backing::timed(Call&& call) noexcept {
+Status Backing::timed(DriverOp op, Call&& call) noexcept {
   const auto t0 = std::chrono::steady_clock::now();
   const Status s = call();
-  driver_ns_ += static_cast<std::uint64_t>(
+  const auto ns = static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
           .count());
+  driver_ns_ += ns;
   ++driver_calls_;
+  op_ns_[static_cast<int>(op)] += ns;
+  ++op_calls_[static_cast<int>(op)];
   return s;
 }
 
 template <class Match>
 Status Backing::settle(Match&& match) noexcept {
   return retired_.settle(match, [&](DevPtr at, std::size_t size) {
-    return timed([&] { return backend_.unmap(at, size); });
+    return timed(DriverOp::unmap, [&] { return backend_.unmap(at, size); });
   });
 }
 

@@ -126,6 +126,12 @@ const std::vector<KeySpec>& key_specs() {
          if (v == "inline") return c.background_reclaim = false, true;
          return false;
        }},
+      {"grow_slack_pct", "a percentage between 0 and 100",
+       [](std::string_view v, Config& c) {
+         std::uint64_t n;
+         if (!parse_u64(v, &n) || n > 100) return false;
+         return c.grow_slack_pct = static_cast<unsigned>(n), true;
+       }},
       {"unmap", "background, inline or lazy",
        [](std::string_view v, Config& c) {
          if (v == "background") return c.unmap = Config::Unmap::background, true;

@@ -283,7 +283,19 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
 bool DevicePool::grow_heap(std::size_t rounded, Block** out, Outcome* outcome,
                            bool fresh) noexcept {
   LargeHeap::Growth g;
-  const Status s = heap_.grow(rounded, fresh ? fresh_allowance() : 0, out, &g);
+  Status s = Status::out_of_memory;
+  // grow_slack_pct: while the pool holds less than that much above the program's peak, a miss
+  // takes fresh memory rather than moving idle handles (fewer driver calls per step once the
+  // pool has grown, for more memory held).
+  if (fresh && config_.grow_slack_pct != 0) {
+    const std::size_t peak = peak_.allocated.load(std::memory_order_relaxed);
+    const std::size_t limit = peak + peak / 100 * config_.grow_slack_pct;
+    const std::size_t held = heap_.reserved_bytes() + chunks_.reserved_bytes();
+    if (held < limit) {
+      s = heap_.grow(rounded, std::min(fresh_allowance(), limit - held), out, &g, false);
+    }
+  }
+  if (s != Status::ok) s = heap_.grow(rounded, fresh ? fresh_allowance() : 0, out, &g);
   sync_physical();  // a failed grow may still have moved handles (they stay spares)
   note_free_changed();
   // Moved handles' old places wait for the reclaimer's unmap (retired_mappings.h).

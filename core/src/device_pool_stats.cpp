@@ -151,6 +151,8 @@ DeviceStats DevicePool::stats() const noexcept {
   s.driver_ns = heap_.backing().driver_ns() + chunks_.backing().driver_ns();
   s.driver_background_calls = heap_.backing().background_calls();
   s.driver_background_ns = heap_.backing().background_ns();
+  heap_.backing().add_op_counts(s.driver_op_calls, s.driver_op_ns);
+  chunks_.backing().add_op_counts(s.driver_op_calls, s.driver_op_ns);
   s.largest_possible = usable_ ? largest_possible_locked(device_free, false) : 0;
   return s;
 }

@@ -252,8 +252,9 @@ void LargeHeap::unmap_all(Handle* const* hs, std::size_t n) noexcept {
 }
 
 Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block** out,
-                       Growth* growth) noexcept {
+                       Growth* growth, bool allow_move) noexcept {
   const std::size_t g = options_.granularity;
+  const bool move = options_.move && allow_move;
   Window w;
   for (;;) {
     if (!place(rounded, &w)) {
@@ -281,7 +282,7 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
        ++it) {
     if (it->size <= remaining && choose(const_cast<Handle*>(&*it))) ++spares_used;
   }
-  if (options_.move && remaining != 0) {
+  if (move && remaining != 0) {
     collect_idle(w, rounded, remaining);
     for (Handle* h : candidates_) {
       if (remaining == 0) break;
@@ -312,7 +313,7 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
   // from what the pool holds, not by giving the cache back to the driver and creating it afresh
   // (SeedsScenario in tests/core/pool_test.cpp).
   auto overshoot = [&] {
-    if (!options_.move || remaining == 0 || chosen_.size() == chosen_.capacity()) return false;
+    if (!move || remaining == 0 || chosen_.size() == chosen_.capacity()) return false;
     Handle* over = nullptr;
     for (Handle* h : candidates_) {
       if (h != nullptr && h->size > remaining && (over == nullptr || h->size < over->size) &&

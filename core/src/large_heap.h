@@ -110,8 +110,9 @@ class LargeHeap {
   // memory, backed by spare handles, idle handles moved from free blocks elsewhere (Options::move)
   // and, for the rest, at most `fresh_allowance` bytes of fresh handles. out_of_memory changes
   // nothing but what it could not undo (handles it moved stay where they went, as spares).
-  Status grow(std::size_t rounded, std::size_t fresh_allowance, Block** out,
-              Growth* growth) noexcept;
+  // allow_move false: no idle handle moves for this request (spares and fresh memory only).
+  Status grow(std::size_t rounded, std::size_t fresh_allowance, Block** out, Growth* growth,
+              bool allow_move = true) noexcept;
 
   // Gives idle physical memory back to the driver: spare handles, then handles lying wholly
   // inside free blocks. release_one gives back one handle (the smallest covering `wanted`, else

@@ -96,6 +96,11 @@ __attribute__((visibility("default"))) int gpustitch_get_stats(int device,
   r.driver_ns = s.driver_ns;
   r.driver_background_calls = s.driver_background_calls;
   r.driver_background_ns = s.driver_background_ns;
+  static_assert(sizeof r.driver_op_calls / sizeof r.driver_op_calls[0] == kDriverOps);
+  for (int i = 0; i < kDriverOps; ++i) {
+    r.driver_op_calls[i] = s.driver_op_calls[i];
+    r.driver_op_ns[i] = s.driver_op_ns[i];
+  }
   std::memcpy(out, &r, size < sizeof r ? size : sizeof r);
   return 0;
 }

@@ -35,9 +35,11 @@ class _DeviceStats(ctypes.Structure):
         "allocs", "frees", "cache_hits", "fresh", "stitches", "ooms", "live_blocks",
         "bytes_requested", "bytes_allocated", "bytes_reserved", "bytes_cached", "peak_allocated",
         "peak_reserved", "largest_possible", "device_free", "device_total",
-        "driver_calls", "driver_ns", "driver_background_calls", "driver_background_ns")]
+        "driver_calls", "driver_ns", "driver_background_calls", "driver_background_ns")] + [
+        ("driver_op_calls", ctypes.c_uint64 * 5), ("driver_op_ns", ctypes.c_uint64 * 5)]
 
 
+_DRIVER_OPS = ("create", "map", "set_access", "unmap", "release")  # gpustitch_device_stats order
 _HOW = ("run the program under `gpustitch run -- python ...` (or LD_PRELOAD=libgpustitch.so), "
         "or call gpustitch.enable_for_torch() before PyTorch allocates")
 _lib = None
@@ -141,7 +143,12 @@ def memory_stats(device=0):
         "num_ooms": s.ooms,
     }
     for name, _ in _DeviceStats._fields_:
-        out["gpustitch." + name] = getattr(s, name)
+        value = getattr(s, name)
+        if isinstance(value, int):
+            out["gpustitch." + name] = value
+        else:  # by driver call kind: gpustitch.driver_op_ns.set_access, ...
+            for op, v in zip(_DRIVER_OPS, value):
+                out[f"gpustitch.{name}.{op}"] = v
     return out
 
 

@@ -130,3 +130,15 @@ TEST(Config, ProgramVmmServesByDefaultAndCanOnlyCount) {
   ASSERT_EQ(r.errors.size(), 1u);
   EXPECT_NE(r.errors[0].find("serve or count"), std::string::npos) << r.errors[0];
 }
+
+TEST(Config, GrowSlackIsAPercentageAndUnmapAMode) {
+  auto r = parse_config("grow_slack_pct:4,unmap:lazy");
+  EXPECT_TRUE(r.errors.empty());
+  EXPECT_EQ(r.config.grow_slack_pct, 4u);
+  EXPECT_EQ(r.config.unmap, Config::Unmap::lazy);
+  auto bad = parse_config("grow_slack_pct:101,unmap:later");
+  EXPECT_EQ(bad.errors.size(), 2u);
+  Config defaults;
+  EXPECT_EQ(bad.config.grow_slack_pct, defaults.grow_slack_pct);
+  EXPECT_EQ(bad.config.unmap, defaults.unmap);
+}

@@ -956,6 +956,47 @@ TEST(Pool, IdleHandlesMoveRatherThanFreshMemoryIsTaken) {
   EXPECT_EQ(pool.validate(0), "");
 }
 
+// grow_slack_pct trades memory for driver calls: while the pool holds less than the slack above
+// the program's peak, a miss takes fresh memory and moves nothing; once fresh memory would pass
+// that limit, idle handles move as without a slack, so reserved never exceeds the limit through it.
+TEST(Pool, GrowSlackTakesFreshMemoryOnlyUpToItsLimit) {
+  for (const unsigned pct : {50u, 10u}) {
+    SCOPED_TRACE(pct);
+    TestDevice dev = make_test_device({.capacity = 4 * GiB, .map_offset = false});
+    if (dev.sim == nullptr) GTEST_SKIP();
+    Config c = inline_config();
+    c.grow_slack_pct = pct;
+    Pool pool(*dev.backend, c);
+    std::vector<DevPtr> blocks(5);
+    for (auto& b : blocks) {
+      ASSERT_EQ(pool.allocate(0, 256 * MiB, kAnyStream, &b), Status::ok);
+      stamp(dev, b, 256 * MiB, b);
+    }
+    ASSERT_EQ(pool.deallocate(blocks[0]), Status::ok);
+    ASSERT_EQ(pool.deallocate(blocks[2]), Status::ok);
+    pool.drain_pending(0);
+    const DeviceStats before = pool.stats(0);
+    const std::size_t used_before = dev.sim->used(0);
+    DevPtr big = 0;
+    ASSERT_EQ(pool.allocate(0, 512 * MiB, kAnyStream, &big), Status::ok);
+    stamp(dev, big, 512 * MiB, 77);
+    const DeviceStats st = pool.stats(0);
+    const std::size_t limit = before.peak_allocated + before.peak_allocated / 100 * pct;
+    if (pct == 50) {  // 1280 MiB held, limit 1920: 512 MiB fresh fit under it
+      EXPECT_EQ(dev.sim->used(0), used_before + 512 * MiB);
+      EXPECT_EQ(st.stitches, before.stitches) << "handles moved inside the slack";
+      EXPECT_LE(st.bytes_reserved, limit);
+    } else {  // limit 1408: 512 MiB fresh would pass it, so the idle handles move
+      EXPECT_EQ(dev.sim->used(0), used_before);
+      EXPECT_EQ(st.stitches, before.stitches + 1);
+      EXPECT_EQ(st.bytes_reserved, before.bytes_reserved);
+    }
+    EXPECT_TRUE(check(dev, big, 512 * MiB, 77));
+    for (int i : {1, 3, 4}) EXPECT_TRUE(check(dev, blocks[i], 256 * MiB, blocks[i])) << i;
+    EXPECT_EQ(pool.validate(0), "");
+  }
+}
+
 // Moving idle handles (above) leaves their old places mapped for the reclaimer thread to unmap
 // (unmap:background, the default): the allocating thread makes no unmap. The bytes read back,
 // each handle is held once, and the thread soon leaves the device mapping only what backs blocks.

@@ -53,6 +53,11 @@ def loaded():
     assert after["allocated_bytes.all.current"] == stats["allocated_bytes.all.current"]
     # Fresh memory and the trim went through the driver's memory API: counted and timed.
     assert stats["gpustitch.driver_calls"] > 0 and stats["gpustitch.driver_ns"] > 0, stats
+    # By kind: the program's threads' calls add up to all calls but the background thread's.
+    by_kind = sum(stats[f"gpustitch.driver_op_calls.{op}"]
+                  for op in ("create", "map", "set_access", "unmap", "release"))
+    assert by_kind == stats["gpustitch.driver_calls"] - stats["gpustitch.driver_background_calls"]
+    assert stats["gpustitch.driver_op_calls.create"] > 0, stats
     assert after["gpustitch.driver_calls"] > stats["gpustitch.driver_calls"], after
     trimmed = gpustitch.snapshot()
     assert any(e["action"] == "segment_unmap" for e in trimmed["device_traces"][0]), trimmed

@@ -28,13 +28,17 @@ import random
 import time
 
 
+DRIVER_OPS = ("create", "map", "set_access", "unmap", "release")  # gpustitch_device_stats order
+
+
 class ShimStats(ctypes.Structure):
     # gpustitch_device_stats from preload/include/gpustitch/gpustitch.h (field order matters).
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "allocs", "frees", "cache_hits", "fresh", "stitches", "ooms", "live_blocks",
         "bytes_requested", "bytes_allocated", "bytes_reserved", "bytes_cached", "peak_allocated",
         "peak_reserved", "largest_possible", "device_free", "device_total",
-        "driver_calls", "driver_ns", "driver_background_calls", "driver_background_ns")]
+        "driver_calls", "driver_ns", "driver_background_calls", "driver_background_ns")] + [
+        ("driver_op_calls", ctypes.c_uint64 * 5), ("driver_op_ns", ctypes.c_uint64 * 5)]
 
 
 def shim():
@@ -146,7 +150,12 @@ def main():
             result.update(pool_driver_calls_timed=s.driver_calls - at_start.driver_calls,
                           pool_driver_ms_timed=round((s.driver_ns - at_start.driver_ns) / 1e6, 3),
                           pool_driver_bg_ms_timed=round(
-                              (s.driver_background_ns - at_start.driver_background_ns) / 1e6, 3))
+                              (s.driver_background_ns - at_start.driver_background_ns) / 1e6, 3),
+                          # The allocating threads' share by kind: [calls, ms].
+                          pool_driver_ops_timed={
+                              op: [s.driver_op_calls[i] - at_start.driver_op_calls[i],
+                                   round((s.driver_op_ns[i] - at_start.driver_op_ns[i]) / 1e6, 3)]
+                              for i, op in enumerate(DRIVER_OPS)})
         # The same instant seen by both (the model and the optimizer's state are live): what the
         # pool serves beyond PyTorch's own count is allocations PyTorch does not make (libraries
         # calling the CUDA allocator directly) plus the pool's rounding (allocated - requested).

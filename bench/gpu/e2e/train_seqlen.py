@@ -64,7 +64,8 @@ class ShimStats(ctypes.Structure):
         "allocs", "frees", "cache_hits", "fresh", "stitches", "ooms", "live_blocks",
         "bytes_requested", "bytes_allocated", "bytes_reserved", "bytes_cached", "peak_allocated",
         "peak_reserved", "largest_possible", "device_free", "device_total",
-        "driver_calls", "driver_ns", "driver_background_calls", "driver_background_ns")]
+        "driver_calls", "driver_ns", "driver_background_calls", "driver_background_ns")] + [
+        ("driver_op_calls", ctypes.c_uint64 * 5), ("driver_op_ns", ctypes.c_uint64 * 5)]
 
 
 class TimeUp(Exception):
@@ -256,7 +257,8 @@ def main():
                 torch.cuda.synchronize()
                 t_measure = time.perf_counter()
                 st = shim.stats()
-                drv_measure = ((st["driver_calls"], st["driver_ns"], st["driver_background_ns"])
+                drv_measure = ((st["driver_calls"], st["driver_ns"], st["driver_background_ns"],
+                                list(st["driver_op_calls"]), list(st["driver_op_ns"]))
                                if st else None)
             seq = torch.randint(0, args.vocab, (batch, t + 1), device=dev, generator=gen)
             x, y = seq[:, :-1], seq[:, 1:]
@@ -290,6 +292,11 @@ def main():
                 # Of it, the reclaimer thread's (unmap:background), off the launching thread.
                 out["pool_driver_bg_ms_timed"] = round(
                     (st["driver_background_ns"] - drv_measure[2]) / 1e6, 3)
+                # The launching thread's share by kind: [calls, ms].
+                out["pool_driver_ops_timed"] = {
+                    op: [st["driver_op_calls"][i] - drv_measure[3][i],
+                         round((st["driver_op_ns"][i] - drv_measure[4][i]) / 1e6, 3)]
+                    for i, op in enumerate(("create", "map", "set_access", "unmap", "release"))}
         return out
 
     def classify(e, ooms_before):

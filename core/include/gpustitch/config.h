@@ -70,6 +70,10 @@ struct Config {
   // its address space or handle is needed again (deterministic, for tests).
   enum class Unmap : std::uint8_t { inline_, background, lazy };
   Unmap unmap = Unmap::background;  // unmap:background|inline|lazy
+  // While the pool holds less than this percentage above the program's peak allocated bytes, a
+  // miss takes fresh memory instead of moving idle handles: memory for fewer driver calls once the
+  // pool has grown. 0: moves whenever idle memory can serve.
+  unsigned grow_slack_pct = 0;  // grow_slack_pct
   // A stream-ordered allocation (cudaMallocAsync) that would take fresh memory while much freed
   // memory still waits for its fence waits for the reclaimer's fence first (without the locks,
   // 200 ms at most, and not again until a fence that ran out completes), as a cudaMalloc does.

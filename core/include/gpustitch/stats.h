@@ -14,6 +14,12 @@ namespace gpustitch {
 // Bucket i holds sizes in [2^(i+9), 2^(i+10)) bytes: bucket 0 is < 1 KiB (512 B and below fall
 // there too), bucket 31 is >= 1 TiB.
 inline constexpr int kHistogramBuckets = 32;
+
+// The pool's calls into the driver's physical-memory API, by kind (DeviceStats::driver_op_*).
+enum class DriverOp : int { create = 0, map, set_access, unmap, release };
+inline constexpr int kDriverOps = 5;
+inline constexpr const char* kDriverOpNames[kDriverOps] = {"create", "map", "set_access", "unmap",
+                                                           "release"};
 int histogram_bucket(std::size_t size) noexcept;
 
 struct DeviceStats {
@@ -59,6 +65,9 @@ struct DeviceStats {
   // unmap:background): the rest ran on the threads that allocate.
   std::uint64_t driver_background_calls = 0;
   std::uint64_t driver_background_ns = 0;
+  // The allocating threads' share by kind (DriverOp): where the pool's driver time goes.
+  std::uint64_t driver_op_calls[kDriverOps] = {};
+  std::uint64_t driver_op_ns[kDriverOps] = {};
   std::uint64_t hist_allocs[kHistogramBuckets] = {};  // allocations since start, by size
   std::uint64_t hist_live[kHistogramBuckets] = {};    // live allocations now, by size
 

@@ -69,6 +69,9 @@ typedef struct gpustitch_device_stats {
    * places), not on the program's threads. */
   uint64_t driver_background_calls;
   uint64_t driver_background_ns;
+  /* The program's threads' share by kind: create, map, set access, unmap, release. */
+  uint64_t driver_op_calls[5];
+  uint64_t driver_op_ns[5];
 } gpustitch_device_stats;
 
 /* Fills *out (size: sizeof(gpustitch_device_stats), for forward compatibility) for device.
