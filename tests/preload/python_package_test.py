@@ -59,6 +59,7 @@ def loaded():
     assert by_kind == stats["gpustitch.driver_calls"] - stats["gpustitch.driver_background_calls"]
     assert stats["gpustitch.driver_op_calls.create"] > 0, stats
     assert after["gpustitch.driver_calls"] > stats["gpustitch.driver_calls"], after
+    workload_readers_agree(after)
     trimmed = gpustitch.snapshot()
     assert any(e["action"] == "segment_unmap" for e in trimmed["device_traces"][0]), trimmed
     assert check_snapshot.history_error(trimmed) is None, check_snapshot.history_error(trimmed)
@@ -70,6 +71,24 @@ def loaded():
             raise AssertionError("an unserved device was accepted")
         except ValueError:
             pass
+
+
+def workload_readers_agree(stats):
+    """The GPU workloads' own readers of gpustitch_get_stats (bench/gpu/e2e/train_seqlen.py,
+    tools/gpu/hf_workloads.py; they run where the package is not installed) see the record the
+    package sees, and their results print as JSON."""
+    import json
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    sys.path[:0] = [os.path.join(root, "bench", "gpu", "e2e"), os.path.join(root, "tools", "gpu")]
+    import hf_workloads
+    import train_seqlen
+    st = train_seqlen.Shim(None).stats()
+    json.dumps(st)
+    assert st["driver_calls"] == stats["gpustitch.driver_calls"], (st, stats)
+    assert st["driver_op_calls"][0] == stats["gpustitch.driver_op_calls.create"], st
+    s = hf_workloads.pool_stats()
+    assert ctypes.sizeof(s) == ctypes.sizeof(train_seqlen.ShimStats)
+    assert list(s.driver_op_ns) == st["driver_op_ns"], (list(s.driver_op_ns), st)
 
 
 def check_snapshot_of(blocks):

@@ -11,6 +11,7 @@
 #             from tools/gpu/pack-build.sh)
 #   --rounds  rounds (default 1)
 #   --only    run only the configurations whose name matches (extended regex)
+#   --workloads  which workloads, comma-separated (default gpt,hf)
 #   --conf    add a gpustitch configuration NAME with GPUSTITCH_CONF=CONF (repeatable); without
 #             any, one "gpustitch" row with the defaults. NAME=CONF|TORCH also sets
 #             PYTORCH_CUDA_ALLOC_CONF=TORCH for that row (e.g. "async=|backend:cudaMallocAsync");
@@ -24,14 +25,15 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT" || exit 2
-BUILD="" ROUNDS=1 ONLY="" CONFS=()
+BUILD="" ROUNDS=1 ONLY="" CONFS=() WORKLOADS="gpt hf"
 while [[ $# -gt 0 ]]; do
   case $1 in
     --build) BUILD=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
     --only) ONLY=$2; shift 2 ;;
+    --workloads) WORKLOADS=${2//,/ }; shift 2 ;;
     --conf) CONFS+=("$2"); shift 2 ;;
-    -h | --help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "memory_compare: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -56,26 +58,30 @@ run_one() {  # config workload round
   local cmd="python3 ${WORKLOAD[$wl]} --config $name"
   [[ $wl == hf ]] && cmd="python3 ${WORKLOAD[$wl]}"
   case $name in
-    pytorch) line=$(env -u PYTORCH_CUDA_ALLOC_CONF $cmd 2>&1 | grep '^{' | tail -1) ;;
-    expandable) line=$(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $cmd 2>&1 | grep '^{' | tail -1) ;;
-    async) line=$(PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync $cmd 2>&1 | grep '^{' | tail -1) ;;
+    pytorch) line=$(env -u PYTORCH_CUDA_ALLOC_CONF $cmd 2>&1) ;;
+    expandable) line=$(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $cmd 2>&1) ;;
+    async) line=$(PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync $cmd 2>&1) ;;
     *)
       if [[ $torch == nocache ]]; then
-        line=$(env -u PYTORCH_CUDA_ALLOC_CONF PYTORCH_NO_CUDA_MEMORY_CACHING=1 GPUSTITCH_LIBRARY=$LIB GPUSTITCH_CONF=$conf "$CLI" run -- $cmd 2>&1 | grep '^{' | tail -1)
+        line=$(env -u PYTORCH_CUDA_ALLOC_CONF PYTORCH_NO_CUDA_MEMORY_CACHING=1 GPUSTITCH_LIBRARY=$LIB GPUSTITCH_CONF=$conf "$CLI" run -- $cmd 2>&1)
       elif [[ -n $torch ]]; then
-        line=$(PYTORCH_CUDA_ALLOC_CONF=$torch GPUSTITCH_LIBRARY=$LIB GPUSTITCH_CONF=$conf "$CLI" run -- $cmd 2>&1 | grep '^{' | tail -1)
+        line=$(PYTORCH_CUDA_ALLOC_CONF=$torch GPUSTITCH_LIBRARY=$LIB GPUSTITCH_CONF=$conf "$CLI" run -- $cmd 2>&1)
       else
-        line=$(env -u PYTORCH_CUDA_ALLOC_CONF GPUSTITCH_LIBRARY=$LIB GPUSTITCH_CONF=$conf "$CLI" run -- $cmd 2>&1 | grep '^{' | tail -1)
+        line=$(env -u PYTORCH_CUDA_ALLOC_CONF GPUSTITCH_LIBRARY=$LIB GPUSTITCH_CONF=$conf "$CLI" run -- $cmd 2>&1)
       fi
       ;;
   esac
-  [[ -n $line ]] || line='{"error": "no result"}'
+  local json
+  json=$(grep '^{' <<<"$line" | tail -1)
+  # No result: the run's last line of output says why (a traceback's last line).
+  [[ -n $json ]] || json=$(python3 -c 'import json,sys; print(json.dumps({"error": "no result: " + sys.argv[1][-300:]}))' "$(tail -1 <<<"$line")")
+  line=$json
   python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d.update(config=sys.argv[2], workload=sys.argv[3], round=int(sys.argv[4]), gpustitch_conf=sys.argv[5], torch_conf=sys.argv[6]); print(json.dumps(d), flush=True)' \
     "$line" "$name" "$wl" "$round" "$conf" "$torch"
 }
 
 for ((r = 0; r < ROUNDS; ++r)); do
-  for wl in gpt hf; do
+  for wl in $WORKLOADS; do
     n=${#NAMES[@]}
     for ((i = 0; i < n; ++i)); do
       name=${NAMES[$(((i + r) % n))]}

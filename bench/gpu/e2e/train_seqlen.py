@@ -103,7 +103,9 @@ class Shim:
         s = ShimStats()
         if self.lib.gpustitch_get_stats(device, ctypes.byref(s), ctypes.sizeof(s)) != 0:
             return None
-        return {name: getattr(s, name) for name, _ in ShimStats._fields_}
+        # Arrays (the per-kind driver counters) as lists, so that the result stays JSON.
+        return {name: (list(v) if isinstance(v, ctypes.Array) else v)
+                for name, v in ((n, getattr(s, n)) for n, _ in ShimStats._fields_)}
 
 
 def mempool_peaks(device=0):
