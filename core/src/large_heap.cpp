@@ -57,9 +57,12 @@
 //   - a fresh gap of fresh_coarse_mb (256 MiB) or more is the exception: at most 4 large handles,
 //     split where a later cut needs it (coarse_handles.cpp: the design, its costs, the forms
 //     measured);
-//   - moving a handle costs a cuMemUnmap (~18 us), a cuMemMap and its share of one
-//     cuMemSetAccess, and no create/release: reserved stays the same. Expandable segments instead
-//     release and re-create pages, and only at out-of-memory;
+//   - moving a handle costs a cuMemUnmap (~18 us idle, ~45 us while kernels run), a cuMemMap and
+//     its share of one cuMemSetAccess (~170 us per gap on the GPU workloads), and no
+//     create/release: reserved stays the same. Expandable segments instead release and re-create
+//     pages, and only at out-of-memory. The unmap can be left to the reclaimer thread
+//     (unmap:background, retired_mappings.h; measured in docs/address-space.md, "The allocating
+//     thread's driver time": it halved that thread's driver time on HF, not on GPT);
 //   - physical memory goes back to the driver only on trim (empty cache, release threshold,
 //     out-of-memory retry, cooperative release): spares first, then handles lying wholly inside
 //     free blocks (heap_release.cpp).

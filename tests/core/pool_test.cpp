@@ -998,12 +998,13 @@ TEST(Pool, GrowSlackTakesFreshMemoryOnlyUpToItsLimit) {
 }
 
 // Moving idle handles (above) leaves their old places mapped for the reclaimer thread to unmap
-// (unmap:background, the default): the allocating thread makes no unmap. The bytes read back,
+// (unmap:background): the allocating thread makes no unmap. The bytes read back,
 // each handle is held once, and the thread soon leaves the device mapping only what backs blocks.
 TEST(Pool, MovedHandlesOldPlacesAreUnmappedByTheReclaimerThread) {
   TestDevice dev = make_test_device({.capacity = 4 * GiB, .map_offset = false});
   if (dev.sim == nullptr) GTEST_SKIP();
-  Config c;  // the reclaimer thread, unmap:background
+  Config c;  // the reclaimer thread
+  c.unmap = Config::Unmap::background;
   Pool pool(*dev.backend, c);
   std::vector<DevPtr> blocks(5);
   for (auto& b : blocks) {

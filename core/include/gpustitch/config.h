@@ -67,9 +67,13 @@ struct Config {
   // A moved handle's old place is unmapped by that thread (background) instead of the allocating
   // one (inline), which then makes a map and a share of one cuMemSetAccess per moved handle, not
   // also an unmap (retired_mappings.h); inline where there is no such thread. lazy: only when
-  // its address space or handle is needed again (deterministic, for tests).
+  // its address space or handle is needed again (deterministic, for tests). inline is the
+  // default: on the H200 background halved the allocating thread's driver time on HF Llama
+  // training but not on the GPT workload, where the pool's peak came out ~0.75% higher in four
+  // interleaved runs of four, with no tokens/s difference outside the runs' spread
+  // (docs/address-space.md, "Deferred unmaps").
   enum class Unmap : std::uint8_t { inline_, background, lazy };
-  Unmap unmap = Unmap::background;  // unmap:background|inline|lazy
+  Unmap unmap = Unmap::inline_;  // unmap:inline|background|lazy
   // While the pool holds less than this percentage above the program's peak allocated bytes, a
   // miss takes fresh memory instead of moving idle handles: memory for fewer driver calls once the
   // pool has grown. 0: moves whenever idle memory can serve.
