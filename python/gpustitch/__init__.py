@@ -21,7 +21,8 @@ import tempfile
 
 __all__ = [
     "NotLoadedError", "is_active", "device_count", "memory_stats", "memory_summary",
-    "fragmentation", "trim", "snapshot", "enable_for_torch", "version",
+    "fragmentation", "trim", "snapshot", "enable_for_torch", "version", "DeviceStats",
+    "DRIVER_OPS",
 ]
 
 
@@ -29,8 +30,10 @@ class NotLoadedError(RuntimeError):
     """libgpustitch.so is not loaded in this process, or its pool is not active."""
 
 
-class _DeviceStats(ctypes.Structure):
-    # gpustitch_device_stats, field for field.
+class DeviceStats(ctypes.Structure):
+    """gpustitch_device_stats (preload/include/gpustitch/gpustitch.h), field for field: the one
+    Python copy of the record, also used by the GPU workloads (bench/gpu/e2e, tools/gpu)."""
+
     _fields_ = [(n, ctypes.c_uint64) for n in (
         "allocs", "frees", "cache_hits", "fresh", "stitches", "ooms", "live_blocks",
         "bytes_requested", "bytes_allocated", "bytes_reserved", "bytes_cached", "peak_allocated",
@@ -39,7 +42,7 @@ class _DeviceStats(ctypes.Structure):
         ("driver_op_calls", ctypes.c_uint64 * 5), ("driver_op_ns", ctypes.c_uint64 * 5)]
 
 
-_DRIVER_OPS = ("create", "map", "set_access", "unmap", "release")  # gpustitch_device_stats order
+DRIVER_OPS = ("create", "map", "set_access", "unmap", "release")  # gpustitch_device_stats order
 _HOW = ("run the program under `gpustitch run -- python ...` (or LD_PRELOAD=libgpustitch.so), "
         "or call gpustitch.enable_for_torch() before PyTorch allocates")
 _lib = None
@@ -48,7 +51,7 @@ _lib = None
 def _bind(lib):
     lib.gpustitch_active.restype = ctypes.c_int
     lib.gpustitch_get_stats.restype = ctypes.c_int
-    lib.gpustitch_get_stats.argtypes = [ctypes.c_int, ctypes.POINTER(_DeviceStats),
+    lib.gpustitch_get_stats.argtypes = [ctypes.c_int, ctypes.POINTER(DeviceStats),
                                         ctypes.c_size_t]
     lib.gpustitch_version.restype = ctypes.c_char_p
     if hasattr(lib, "gpustitch_snapshot"):
@@ -116,7 +119,7 @@ def device_count():
 
 def _stats(device):
     lib = _active()
-    s = _DeviceStats()
+    s = DeviceStats()
     if lib.gpustitch_get_stats(int(device), ctypes.byref(s), ctypes.sizeof(s)) != 0:
         raise ValueError(f"device {device} is not served by the pool")
     return s
@@ -142,12 +145,12 @@ def memory_stats(device=0):
         "allocation.all.current": s.live_blocks,
         "num_ooms": s.ooms,
     }
-    for name, _ in _DeviceStats._fields_:
+    for name, _ in DeviceStats._fields_:
         value = getattr(s, name)
         if isinstance(value, int):
             out["gpustitch." + name] = value
         else:  # by driver call kind: gpustitch.driver_op_ns.set_access, ...
-            for op, v in zip(_DRIVER_OPS, value):
+            for op, v in zip(DRIVER_OPS, value):
                 out[f"gpustitch.{name}.{op}"] = v
     return out
 

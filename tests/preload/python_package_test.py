@@ -75,8 +75,9 @@ def loaded():
 
 def workload_readers_agree(stats):
     """The GPU workloads' own readers of gpustitch_get_stats (bench/gpu/e2e/train_seqlen.py,
-    tools/gpu/hf_workloads.py; they run where the package is not installed) see the record the
-    package sees, and their results print as JSON."""
+    tools/gpu/hf_workloads.py; they take the record's layout from this package in the tree, since
+    the GPU machine does not install it) see the record the package sees, and their results
+    print as JSON."""
     import json
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
     sys.path[:0] = [os.path.join(root, "bench", "gpu", "e2e"), os.path.join(root, "tools", "gpu")]
@@ -87,7 +88,6 @@ def workload_readers_agree(stats):
     assert st["driver_calls"] == stats["gpustitch.driver_calls"], (st, stats)
     assert st["driver_op_calls"][0] == stats["gpustitch.driver_op_calls.create"], st
     s = hf_workloads.pool_stats()
-    assert ctypes.sizeof(s) == ctypes.sizeof(train_seqlen.ShimStats)
     assert list(s.driver_op_ns) == st["driver_op_ns"], (list(s.driver_op_ns), st)
 
 

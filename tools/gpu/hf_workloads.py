@@ -25,20 +25,13 @@ import ctypes
 import json
 import os
 import random
+import sys
 import time
 
 
-DRIVER_OPS = ("create", "map", "set_access", "unmap", "release")  # gpustitch_device_stats order
-
-
-class ShimStats(ctypes.Structure):
-    # gpustitch_device_stats from preload/include/gpustitch/gpustitch.h (field order matters).
-    _fields_ = [(name, ctypes.c_uint64) for name in (
-        "allocs", "frees", "cache_hits", "fresh", "stitches", "ooms", "live_blocks",
-        "bytes_requested", "bytes_allocated", "bytes_reserved", "bytes_cached", "peak_allocated",
-        "peak_reserved", "largest_possible", "device_free", "device_total",
-        "driver_calls", "driver_ns", "driver_background_calls", "driver_background_ns")] + [
-        ("driver_op_calls", ctypes.c_uint64 * 5), ("driver_op_ns", ctypes.c_uint64 * 5)]
+# The record's layout: the repository's Python package (python/gpustitch), which needs no torch.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+from gpustitch import DRIVER_OPS, DeviceStats as ShimStats  # noqa: E402
 
 
 def shim():

@@ -57,15 +57,10 @@ MIB = 1 << 20
 GIB = 1 << 30
 
 
-class ShimStats(ctypes.Structure):
-    """gpustitch_device_stats from preload/include/gpustitch/gpustitch.h (field order matters)."""
-
-    _fields_ = [(name, ctypes.c_uint64) for name in (
-        "allocs", "frees", "cache_hits", "fresh", "stitches", "ooms", "live_blocks",
-        "bytes_requested", "bytes_allocated", "bytes_reserved", "bytes_cached", "peak_allocated",
-        "peak_reserved", "largest_possible", "device_free", "device_total",
-        "driver_calls", "driver_ns", "driver_background_calls", "driver_background_ns")] + [
-        ("driver_op_calls", ctypes.c_uint64 * 5), ("driver_op_ns", ctypes.c_uint64 * 5)]
+# The record's layout: the repository's Python package (python/gpustitch), which needs no torch.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
+                                "python"))
+from gpustitch import DRIVER_OPS, DeviceStats as ShimStats  # noqa: E402
 
 
 class TimeUp(Exception):
@@ -298,7 +293,7 @@ def main():
                 out["pool_driver_ops_timed"] = {
                     op: [st["driver_op_calls"][i] - drv_measure[3][i],
                          round((st["driver_op_ns"][i] - drv_measure[4][i]) / 1e6, 3)]
-                    for i, op in enumerate(("create", "map", "set_access", "unmap", "release"))}
+                    for i, op in enumerate(DRIVER_OPS)}
         return out
 
     def classify(e, ooms_before):
