@@ -28,8 +28,8 @@
 //
 // Measured on the H200 (docs/address-space.md, "The allocating thread's driver time"): it halved
 // the allocating thread's driver time on HF Llama training (median 43 against 86 ms in the timed
-// steps) but not on the GPT workload, where the pool's peak came out ~0.75% higher, and tokens/s
-// moved by less than the runs' spread; so it is a setting (unmap:background), not the default.
+// steps) but not on the GPT workload, and tokens/s and peak reserved moved by less than the runs'
+// spread; so it is a setting (unmap:background), not the default.
 #pragma once
 
 #include <array>

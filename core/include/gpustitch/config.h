@@ -69,9 +69,9 @@ struct Config {
   // also an unmap (retired_mappings.h); inline where there is no such thread. lazy: only when
   // its address space or handle is needed again (deterministic, for tests). inline is the
   // default: on the H200 background halved the allocating thread's driver time on HF Llama
-  // training but not on the GPT workload, where the pool's peak came out ~0.75% higher in four
-  // interleaved runs of four, with no tokens/s difference outside the runs' spread
-  // (docs/address-space.md, "Deferred unmaps").
+  // training but not on the GPT workload, and neither tokens/s nor peak reserved differed
+  // outside the runs' spread, so the simpler path, with no second thread in the driver's
+  // memory API, stays the default (docs/address-space.md, "The allocating thread's driver time").
   enum class Unmap : std::uint8_t { inline_, background, lazy };
   Unmap unmap = Unmap::inline_;  // unmap:inline|background|lazy
   // While the pool holds less than this percentage above the program's peak allocated bytes, a
