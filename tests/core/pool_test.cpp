@@ -926,6 +926,20 @@ TEST(Pool, StitchingWithoutOffsetMappingLendsWholeHandles) {
     ASSERT_TRUE(check(dev, blocks[i], 64 * MiB, i + 1));
 }
 
+// Five stamped 256 MiB blocks, the first and third freed and fenced: 512 MiB of idle handles
+// lying apart between live blocks, the set-up of the moving tests below.
+static std::vector<DevPtr> five_blocks_two_idle(TestDevice& dev, Pool& pool) {
+  std::vector<DevPtr> blocks(5);
+  for (auto& b : blocks) {
+    EXPECT_EQ(pool.allocate(0, 256 * MiB, kAnyStream, &b), Status::ok);
+    stamp(dev, b, 256 * MiB, b);
+  }
+  EXPECT_EQ(pool.deallocate(blocks[0]), Status::ok);
+  EXPECT_EQ(pool.deallocate(blocks[2]), Status::ok);
+  pool.drain_pending(0);
+  return blocks;
+}
+
 // Free memory scattered between live blocks is stitched into one range by moving its handles
 // (unmapped where they lie free, mapped where the request goes): the pool's reserved memory does
 // not grow, and the live blocks around keep their bytes.
@@ -933,14 +947,8 @@ TEST(Pool, IdleHandlesMoveRatherThanFreshMemoryIsTaken) {
   TestDevice dev = make_test_device({.capacity = 4 * GiB, .map_offset = false});
   if (dev.sim == nullptr) GTEST_SKIP();
   Pool pool(*dev.backend, inline_config());
-  std::vector<DevPtr> blocks(5);
-  for (auto& b : blocks) {
-    ASSERT_EQ(pool.allocate(0, 256 * MiB, kAnyStream, &b), Status::ok);
-    stamp(dev, b, 256 * MiB, b);
-  }
-  ASSERT_EQ(pool.deallocate(blocks[0]), Status::ok);
-  ASSERT_EQ(pool.deallocate(blocks[2]), Status::ok);
-  pool.drain_pending(0);
+  const std::vector<DevPtr> blocks = five_blocks_two_idle(dev, pool);
+  if (HasFailure()) return;
   const DeviceStats before = pool.stats(0);
   const std::size_t used_before = dev.sim->used(0);
   DevPtr big = 0;
@@ -967,14 +975,8 @@ TEST(Pool, GrowSlackTakesFreshMemoryOnlyUpToItsLimit) {
     Config c = inline_config();
     c.grow_slack_pct = pct;
     Pool pool(*dev.backend, c);
-    std::vector<DevPtr> blocks(5);
-    for (auto& b : blocks) {
-      ASSERT_EQ(pool.allocate(0, 256 * MiB, kAnyStream, &b), Status::ok);
-      stamp(dev, b, 256 * MiB, b);
-    }
-    ASSERT_EQ(pool.deallocate(blocks[0]), Status::ok);
-    ASSERT_EQ(pool.deallocate(blocks[2]), Status::ok);
-    pool.drain_pending(0);
+    const std::vector<DevPtr> blocks = five_blocks_two_idle(dev, pool);
+    if (HasFailure()) return;
     const DeviceStats before = pool.stats(0);
     const std::size_t used_before = dev.sim->used(0);
     DevPtr big = 0;
@@ -1006,14 +1008,8 @@ TEST(Pool, MovedHandlesOldPlacesAreUnmappedByTheReclaimerThread) {
   Config c;  // the reclaimer thread
   c.unmap = Config::Unmap::background;
   Pool pool(*dev.backend, c);
-  std::vector<DevPtr> blocks(5);
-  for (auto& b : blocks) {
-    ASSERT_EQ(pool.allocate(0, 256 * MiB, kAnyStream, &b), Status::ok);
-    stamp(dev, b, 256 * MiB, b);
-  }
-  ASSERT_EQ(pool.deallocate(blocks[0]), Status::ok);
-  ASSERT_EQ(pool.deallocate(blocks[2]), Status::ok);
-  pool.drain_pending(0);
+  const std::vector<DevPtr> blocks = five_blocks_two_idle(dev, pool);
+  if (HasFailure()) return;
   const std::size_t used_before = dev.sim->used(0);
   const DeviceStats before = pool.stats(0);
   DevPtr big = 0;
@@ -1048,14 +1044,8 @@ TEST(Pool, LazyUnmapKeepsOldPlacesUntilTheyAreNeeded) {
   Config c = inline_config();
   c.unmap = Config::Unmap::lazy;
   Pool pool(*dev.backend, c);
-  std::vector<DevPtr> blocks(5);
-  for (auto& b : blocks) {
-    ASSERT_EQ(pool.allocate(0, 256 * MiB, kAnyStream, &b), Status::ok);
-    stamp(dev, b, 256 * MiB, b);
-  }
-  ASSERT_EQ(pool.deallocate(blocks[0]), Status::ok);
-  ASSERT_EQ(pool.deallocate(blocks[2]), Status::ok);
-  pool.drain_pending(0);
+  const std::vector<DevPtr> blocks = five_blocks_two_idle(dev, pool);
+  if (HasFailure()) return;
   const std::size_t used_before = dev.sim->used(0);
   DevPtr big = 0;
   ASSERT_EQ(pool.allocate(0, 512 * MiB, kAnyStream, &big), Status::ok);
