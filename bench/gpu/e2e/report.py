@@ -119,6 +119,17 @@ def fmt_ratio(r, digits=3):
     return "-" if r is None else f"{r:.{digits}f}"
 
 
+def driver_note(res):
+    """The pool's driver calls inside the timed steps (the workloads' pool_driver_*_timed), the
+    part of a gpustitch row's step time that is the pool's own; None without them."""
+    calls, ms = res.get("pool_driver_calls_timed"), res.get("pool_driver_ms_timed")
+    if calls is None or ms is None:
+        return None
+    bg = res.get("pool_driver_bg_ms_timed") or 0
+    return (f"driver: {calls:,} calls, {ms:.1f} ms in the timed steps"
+            + (f" ({bg:.1f} ms of it on the reclaimer thread)" if bg else ""))
+
+
 def md_escape(s):
     return str(s).replace("|", "\\|")
 
@@ -188,6 +199,8 @@ def hf_markdown(hf):
                 notes.append(r["error"][:160])
         elif res.get("source") == "gpustitch":
             notes.append("figures: pool (gpustitch_get_stats)")
+            if driver_note(res):
+                notes.append(driver_note(res))
         elif r["config"].startswith("gpustitch"):
             notes.append(f"**pool not active** (figures: {res.get('source')})")
         ok = r["ok"]
@@ -370,6 +383,8 @@ def write(outdir):
                              "in the driver's default pool")
             if t.get("peak_allocated_source", "").startswith("gpustitch"):
                 notes.append("allocated: pool")
+            if driver_note(t):
+                notes.append(driver_note(t))
             if r["config"].startswith("gpustitch") and not t.get("shim_active"):
                 notes.append("**pool not active**")
         if r["config"].startswith("gpustitch") and t and not r["shim_summary"] \

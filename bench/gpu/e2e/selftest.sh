@@ -115,7 +115,9 @@ print(json.dumps({"config": c, "batch": int(b), "steps_completed": 16, "oom": Fa
                   "peak_reserved_bytes": int(float(r) * G), "shim_active": bool(shim),
                   "fragmentation": 1 - float(a) / float(r),
                   "peak_reserved_source": "gpustitch_get_stats.peak_reserved" if shim else "torch",
-                  **({"driver_pool_peak_reserved_bytes": G // 4} if shim and c == "gpustitch" else {}),
+                  **({"driver_pool_peak_reserved_bytes": G // 4, "pool_driver_calls_timed": 1234,
+                      "pool_driver_ms_timed": 61.34, "pool_driver_bg_ms_timed": 0.0}
+                     if shim and c == "gpustitch" else {}),
                   "model": {"layers": 12, "d_model": 768, "heads": 12, "vocab": 8192,
                             "min_len": 256, "max_len": 8192}, "torch": "fake"}))
 PY
@@ -142,6 +144,8 @@ check "reserved over demand of gpustitch (20.2/20)" grep -q '^| gpustitch | 7 | 
 check "target 1.02x passes" grep -q 'peak reserved <= 1.02 x peak allocated | 1.010 | PASS' "$md"
 check "memory in the driver's default pool is noted" \
   grep -q "^| gpustitch | 7 |.*plus up to 0.25 GiB in the driver's default pool" "$md"
+check "the pool's driver time in the timed steps is noted" \
+  grep -q "^| gpustitch | 7 |.*driver: 1,234 calls, 61.3 ms in the timed steps |" "$md"
 check "lowest reserved target: gpustitch 20.20 below every other (20.30)" \
   grep -q 'lowest peak reserved of all configurations | 20.20 GiB | PASS' "$md"
 check "tokens/s target of the shim without cache (0.96 >= 0.95)" \
