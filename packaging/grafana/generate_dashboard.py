@@ -97,6 +97,16 @@ ts("Allocation rate and how it was served", [
     (f'sum by (instance, pid, command) (rate(gpustitch_fresh_allocations_total{{{SEL}}}[$__rate_interval]))', "fresh " + "{{instance}} pid {{pid}} {{command}}")],
    "ops", 0, y, w=24)
 y += 8
+# Under PyTorch the thread that allocates is the one that launches kernels: the pool's driver
+# time there is time the GPU may wait for (README, "The allocating thread's driver calls").
+ts("Time in the driver's memory API", [
+    (f'sum by (instance, pid, command) (rate(gpustitch_driver_seconds_total{{{SEL}}}[$__rate_interval]))', "{{instance}} pid {{pid}} {{command}}")],
+   "percentunit", 0, y,
+   desc="Share of wall time the pool spent in cuMemCreate/Map/SetAccess/Unmap/Release, all its threads together.")
+ts("Driver memory-API calls", [
+    (f'sum by (instance, pid, command) (rate(gpustitch_driver_calls_total{{{SEL}}}[$__rate_interval]))', "{{instance}} pid {{pid}} {{command}}")],
+   "ops", 12, y, desc="Calls per second the pool made into the driver's memory API (fresh memory, moves, splits, trims).")
+y += 8
 
 row("Devices", y); y += 1
 ts("Device memory", [
