@@ -251,6 +251,9 @@ def expectations(t):
         ("Allocation rate and how it was served", "B"): expect_counter_change(t),
         ("Allocation rate and how it was served", "C"): expect_counter_change(t),
         ("Allocation rate and how it was served", "D"): expect_counter_change(t),
+        # The OOM's allocation tried the driver (and trimmed) inside the window; the rest idle.
+        ("Time in the driver's memory API", "A"): expect_counter_change(t, oom=True),
+        ("Driver memory-API calls", "A"): expect_counter_change(t, oom=True),
         ("Device memory", "A"):
             device_memory("free", lambda g: t.per_gpu["gpustitch_device_free_bytes"][g]),
         ("Device memory", "B"): device_memory("total", lambda g: CAPACITY_MB * MiB),
