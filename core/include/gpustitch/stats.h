@@ -18,8 +18,6 @@ inline constexpr int kHistogramBuckets = 32;
 // The pool's calls into the driver's physical-memory API, by kind (DeviceStats::driver_op_*).
 enum class DriverOp : int { create = 0, map, set_access, unmap, release };
 inline constexpr int kDriverOps = 5;
-inline constexpr const char* kDriverOpNames[kDriverOps] = {"create", "map", "set_access", "unmap",
-                                                           "release"};
 int histogram_bucket(std::size_t size) noexcept;
 
 struct DeviceStats {
