@@ -306,12 +306,13 @@ int run_replay(const ReplayArgs& a, const GlobalOptions& g) {
       };
       std::printf(
           "%s at its peak (%s reserved, after a request of %s): live %s, free %s in %llu blocks "
-          "(%s of it in pieces under 2 MiB, largest %s), waiting for a fence %s, small chunks "
-          "%s, spare handles %s\n",
+          "(%s of it in granules that live blocks share, which no handle could move; %s in pieces "
+          "under 2 MiB, largest %s), waiting for a fence %s, small chunks %s, spare handles %s\n",
           r.policy.c_str(), mib(get("peak_reserved_explained")).c_str(),
           mib(get("peak_request_bytes")).c_str(), mib(get("peak_live_bytes")).c_str(),
           mib(get("peak_free_bytes")).c_str(),
           static_cast<unsigned long long>(get("peak_free_blocks")),
+          mib(get("peak_free_pinned_bytes")).c_str(),
           mib(get("peak_free_under_2mib_bytes")).c_str(),
           mib(get("peak_largest_free_bytes")).c_str(), mib(get("peak_pending_bytes")).c_str(),
           mib(get("peak_small_chunk_bytes")).c_str(), mib(get("peak_spare_bytes")).c_str());

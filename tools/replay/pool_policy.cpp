@@ -116,13 +116,19 @@ class PoolPolicy final : public ReplayPolicy {
   }
   // Where reserved memory was at its peak, summed over devices. Free blocks under 2 MiB can hold
   // no whole handle (the driver's granularity), so only best fit can reuse them where they lie.
+  // Free bytes in a granule that a live or pending block also touches ("pinned") could not move
+  // with handles of any size, since the driver maps at least a granule; the rest of the free
+  // bytes lie in granules wholly free, which handles of one granule could have moved. So pinned
+  // free memory is the layout's (where blocks were placed), the rest the handles' size.
   void explain(int devices, std::vector<std::pair<std::string, std::uint64_t>>* out) const {
     std::uint64_t reserved = 0, request = 0, live = 0, free = 0, pending = 0, small = 0;
     std::uint64_t free_blocks = 0, free_small_pieces = 0, largest_free = 0, mapped = 0;
+    std::uint64_t pinned = 0;
     for (int d = 0; d < devices && static_cast<std::size_t>(d) < peaks_.size(); ++d) {
       const PeakView& v = peaks_[static_cast<std::size_t>(d)];
       reserved += v.reserved;
       request = std::max(request, v.request);
+      pinned += pinned_free(v.map, backend_->granularity(d));
       for (const MappedSegment& seg : v.map) {
         mapped += seg.size;
         if (seg.small) {
@@ -149,10 +155,59 @@ class PoolPolicy final : public ReplayPolicy {
                              {"peak_free_bytes", free},
                              {"peak_free_blocks", free_blocks},
                              {"peak_free_under_2mib_bytes", free_small_pieces},
+                             {"peak_free_pinned_bytes", pinned},
                              {"peak_largest_free_bytes", largest_free},
                              {"peak_pending_bytes", pending},
                              {"peak_small_chunk_bytes", small},
                              {"peak_spare_bytes", reserved > mapped ? reserved - mapped : 0}});
+  }
+
+  // Free bytes lying in a granule that a live or pending block, or a small-object chunk, also
+  // touches.
+  static std::uint64_t pinned_free(const std::vector<MappedSegment>& map, std::size_t g) {
+    struct Piece {
+      DevPtr lo, hi;  // [lo, hi)
+      bool free;
+    };
+    std::vector<Piece> pieces;
+    for (const MappedSegment& seg : map) {
+      if (seg.small) {
+        pieces.push_back({seg.base, seg.base + seg.size, false});  // a chunk, allocated whole
+        continue;
+      }
+      for (const MappedBlock& b : seg.blocks) {
+        if (b.size != 0) {
+          pieces.push_back({b.ptr, b.ptr + b.size, b.state == MappedBlock::State::free});
+        }
+      }
+    }
+    if (g == 0) return 0;
+    std::sort(pieces.begin(), pieces.end(),
+              [](const Piece& a, const Piece& b) { return a.lo < b.lo; });
+    // Pieces do not overlap: the ones sharing a granule with piece i are its neighbours in
+    // address order, and the ones beyond them lying in that same granule.
+    auto touched = [&](std::size_t i, DevPtr granule) {
+      for (std::size_t j = i; j-- > 0 && (pieces[j].hi - 1) / g >= granule;) {
+        if (!pieces[j].free) return true;
+      }
+      for (std::size_t j = i + 1; j < pieces.size() && pieces[j].lo / g <= granule; ++j) {
+        if (!pieces[j].free) return true;
+      }
+      return false;
+    };
+    std::uint64_t pinned = 0;
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+      const Piece& p = pieces[i];
+      if (!p.free) continue;
+      const DevPtr first = p.lo / g, last = (p.hi - 1) / g;
+      for (DevPtr granule : {first, last}) {
+        if (touched(i, granule)) {
+          pinned += std::min<DevPtr>(p.hi, (granule + 1) * g) - std::max<DevPtr>(p.lo, granule * g);
+        }
+        if (first == last) break;  // one granule, counted once
+      }
+    }
+    return pinned;
   }
 
   // The simulated fence takes kSimFenceNs (policy.h: why), at least: the simulator busy-waits.

@@ -141,6 +141,7 @@ TEST(ReplayCli, ExplainPeakAccountsForEveryReservedByte) {
     EXPECT_GT(at("peak_live_bytes"), 0u) << p;
     EXPECT_GT(at("peak_request_bytes"), 0u) << p;
     EXPECT_LE(at("peak_free_under_2mib_bytes"), at("peak_free_bytes")) << p;
+    EXPECT_LE(at("peak_free_pinned_bytes"), at("peak_free_bytes")) << p;
     EXPECT_LE(at("peak_largest_free_bytes"), at("peak_free_bytes")) << p;
     EXPECT_EQ(at("peak_free_blocks") == 0, at("peak_free_bytes") == 0) << p;
   }
@@ -150,6 +151,50 @@ TEST(ReplayCli, ExplainPeakAccountsForEveryReservedByte) {
   ASSERT_EQ(rc, 0) << out;
   EXPECT_EQ(count_of(out, " at its peak ("), 1) << out;
   EXPECT_NE(out.find("gpustitch at its peak ("), std::string::npos) << out;
+}
+
+// Free memory in a granule that a live block also touches can move with no handle size (the
+// driver maps at least a granule); the rest of the free memory could.
+TEST(ReplayCli, ExplainPeakTellsPinnedFreeMemoryFromMovable) {
+  auto peak_of = [](const std::string& name, std::size_t a, std::size_t c) {
+    const std::string trace = tmp(name);
+    std::ofstream(trace) << "Thread,Time,Action,Pointer,Size,Stream\n"
+                         << "1,00:00:00.1,allocate,0x1000," << a << ",0x0\n"
+                         << "1,00:00:00.2,allocate,0x2000," << a << ",0x0\n"
+                         << "1,00:00:00.3,free,0x1000," << a << ",0x0\n"
+                         << "1,00:00:00.4,allocate,0x3000," << c << ",0x0\n";
+    int rc = 0;
+    const std::string out = run(std::string(GPUSTITCH_CLI) + " replay " + trace +
+                                    " --whole-handles --explain-peak --json"
+                                    " --policy gpustitch,gpustitch-no-stitch",
+                                &rc);
+    EXPECT_EQ(rc, 0) << out;
+    std::map<std::string, nlohmann::json> by_policy;
+    const auto report = nlohmann::json::parse(out);
+    for (const auto& p : report["policies"]) {
+      by_policy[p["policy"].get<std::string>()] = p;
+    }
+    return by_policy;
+  };
+  constexpr std::uint64_t kMiB = 1 << 20;
+  // 3 MiB blocks A and B side by side, A freed, 5 MiB asked for: the last MiB of A's place shares
+  // B's first granule, and C's last MiB leaves the rest of its granule free. With stitching the
+  // first granule of A's place moves to back C, so what stays free is exactly those two MiB.
+  auto unaligned = peak_of("pinned.csv", 3 * kMiB, 5 * kMiB);
+  EXPECT_EQ(unaligned["gpustitch"]["peak_free_bytes"], 2 * kMiB) << unaligned["gpustitch"];
+  EXPECT_EQ(unaligned["gpustitch"]["peak_free_pinned_bytes"], 2 * kMiB) << unaligned["gpustitch"];
+  // Without stitching A's first granule stays where it is, free and movable.
+  const auto& no_stitch = unaligned["gpustitch-no-stitch"];
+  EXPECT_EQ(no_stitch["peak_free_bytes"].get<std::uint64_t>() -
+                no_stitch["peak_free_pinned_bytes"].get<std::uint64_t>(),
+            2 * kMiB)
+      << no_stitch;
+  // Blocks of whole granules share none: nothing free is pinned.
+  auto aligned = peak_of("aligned.csv", 4 * kMiB, 6 * kMiB);
+  for (const auto& [name, p] : aligned) {
+    EXPECT_EQ(p["peak_free_pinned_bytes"], 0u) << p;
+  }
+  EXPECT_EQ(aligned["gpustitch-no-stitch"]["peak_free_bytes"], 4 * kMiB);
 }
 
 TEST(ReplayCli, UnknownPolicyAndMissingTraceAreReported) {
