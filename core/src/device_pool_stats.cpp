@@ -15,7 +15,11 @@ void DevicePool::sync_physical() noexcept {
   stats_.bytes_mapped = heap_.mapped_bytes() + chunks_.mapped_bytes();
   stats_.handles = heap_.handle_count() + chunks_.handle_count();
   stats_.views = heap_.span_count() + chunks_.span_count();
-  stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.bytes_reserved);
+  if (stats_.bytes_reserved > stats_.peak_reserved) {
+    stats_.peak_reserved = stats_.bytes_reserved;
+    stats_.peak_reserved_pending = stats_.bytes_pending;
+    stats_.peak_reserved_allocated = stats_.bytes_allocated + arena_allocated();
+  }
   window_reserved_ = std::max(window_reserved_, stats_.bytes_reserved);
 }
 

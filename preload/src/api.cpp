@@ -101,6 +101,8 @@ __attribute__((visibility("default"))) int gpustitch_get_stats(int device,
     r.driver_op_calls[i] = s.driver_op_calls[i];
     r.driver_op_ns[i] = s.driver_op_ns[i];
   }
+  r.peak_reserved_pending = s.peak_reserved_pending;
+  r.peak_reserved_allocated = s.peak_reserved_allocated;
   std::memcpy(out, &r, size < sizeof r ? size : sizeof r);
   return 0;
 }

@@ -73,9 +73,10 @@ void print_summary() noexcept {
           d < kMaxCountedDevices ? g_passed_through[d].load(std::memory_order_relaxed) : 0;
       const std::string line = fmt::format(
           "summary device {}: allocs {}, cache hits {}, fresh {}, stitches {}, OOMs {}, peak "
-          "reserved {}, driver calls {} ({:.1f} ms; {} of them, {:.1f} ms, on the background "
-          "thread), passed through {} (backend {})",
+          "reserved {} (then {} allocated, {} waiting for the device), driver calls {} ({:.1f} "
+          "ms; {} of them, {:.1f} ms, on the background thread), passed through {} (backend {})",
           d, s.allocs, s.cache_hits, s.fresh, s.stitches, s.ooms, human_bytes(s.peak_reserved),
+          human_bytes(s.peak_reserved_allocated), human_bytes(s.peak_reserved_pending),
           s.driver_calls, static_cast<double>(s.driver_ns) / 1e6, s.driver_background_calls,
           static_cast<double>(s.driver_background_ns) / 1e6, passed, pool->backend().name());
       if (info) {

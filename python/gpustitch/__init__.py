@@ -39,7 +39,8 @@ class DeviceStats(ctypes.Structure):
         "bytes_requested", "bytes_allocated", "bytes_reserved", "bytes_cached", "peak_allocated",
         "peak_reserved", "largest_possible", "device_free", "device_total",
         "driver_calls", "driver_ns", "driver_background_calls", "driver_background_ns")] + [
-        ("driver_op_calls", ctypes.c_uint64 * 5), ("driver_op_ns", ctypes.c_uint64 * 5)]
+        ("driver_op_calls", ctypes.c_uint64 * 5), ("driver_op_ns", ctypes.c_uint64 * 5),
+        ("peak_reserved_pending", ctypes.c_uint64), ("peak_reserved_allocated", ctypes.c_uint64)]
 
 
 DRIVER_OPS = ("create", "map", "set_access", "unmap", "release")  # gpustitch_device_stats order

@@ -467,6 +467,52 @@ TEST(Pool, BlockFreedOnAStreamMergesWithItsFreeNeighbours) {
   EXPECT_EQ(pool.validate(0), "");
 }
 
+// The statistics say how much memory waited for its fence when reserved rose to its peak: memory
+// freed on one stream while the device still runs is not another stream's to reuse, so the pool
+// grows beside it.
+TEST(Pool, PeakReservedSaysWhatWaitedForItsFence) {
+  SimOptions slow_fences;
+  slow_fences.call_ns[static_cast<std::size_t>(SimOp::synchronize)] = 200'000;
+  TestDevice dev = make_test_device(slow_fences);
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
+  Config c;
+  c.stream_miss_fence = false;  // the second stream does not wait for the first one's memory
+  Pool pool(*dev.backend, c);
+  const Stream s1 = 0x71, s2 = 0x72;
+  DevPtr warm = 0;
+  ASSERT_EQ(pool.allocate(0, 8 * MiB, s1, &warm), Status::ok);
+  ASSERT_EQ(pool.deallocate(warm, s1), Status::ok);
+  pool.drain_pending(0);  // one slow fence: the pool does not fence on the miss below
+  DevPtr keep = 0, a = 0;
+  ASSERT_EQ(pool.allocate(0, 16 * MiB, s1, &keep), Status::ok);
+  ASSERT_EQ(pool.allocate(0, 64 * MiB, s1, &a), Status::ok);
+  dev.sim->hold_device(true);  // a kernel runs: a's free is not fenced
+  ASSERT_EQ(pool.deallocate(a, s1), Status::ok);
+  const DeviceStats before = pool.stats(0);
+  DevPtr b = 0;
+  ASSERT_EQ(pool.allocate(0, 64 * MiB, s2, &b), Status::ok);
+  EXPECT_TRUE(b + 64 * MiB <= a || b >= a + 64 * MiB) << "reused before its fence";
+  DeviceStats s = pool.stats(0);
+  ASSERT_GT(s.peak_reserved, before.peak_reserved) << "the test needs the pool to grow";
+  EXPECT_EQ(s.peak_reserved, s.bytes_reserved);
+  EXPECT_GE(s.peak_reserved_pending, 64 * MiB) << "a waited for its fence";
+  EXPECT_EQ(s.peak_reserved_pending, before.bytes_pending);
+  EXPECT_EQ(s.peak_reserved_allocated, before.bytes_allocated) << "keep, before b was served";
+  // Once the device is done and nothing waits, a new peak says so.
+  dev.sim->hold_device(false);
+  ASSERT_EQ(pool.deallocate(b, s2), Status::ok);
+  pool.drain_pending(0);
+  DevPtr big = 0;
+  ASSERT_EQ(pool.allocate(0, s.bytes_reserved + 32 * MiB, s2, &big), Status::ok);
+  s = pool.stats(0);
+  EXPECT_EQ(s.peak_reserved, s.bytes_reserved);
+  EXPECT_EQ(s.peak_reserved_pending, 0u);
+  ASSERT_EQ(pool.deallocate(big, s2), Status::ok);
+  ASSERT_EQ(pool.deallocate(keep, s1), Status::ok);
+  pool.drain_pending(0);
+  EXPECT_EQ(pool.validate(0), "");
+}
+
 // Blocks freed on one stream merge for that stream at once, as PyTorch's blocks of one stream do:
 // a request larger than either is served from the two, before any fence and without new memory.
 TEST(Pool, BlocksFreedOnOneStreamMergeForThatStreamAtOnce) {

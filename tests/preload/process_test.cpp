@@ -49,6 +49,8 @@ TEST(Process, SummaryAtExitWithLogLevelInfo) {
   EXPECT_NE(r.out.find("active=1 malloc_rc=0 owned=1"), std::string::npos) << r.out;
   EXPECT_NE(r.err.find("gpustitch: summary device 0: allocs 2,"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("OOMs 0"), std::string::npos) << r.err;
+  // What the peak was made of: the probe's allocations, nothing waiting for the device.
+  EXPECT_NE(r.err.find("allocated, 0 B waiting for the device)"), std::string::npos) << r.err;
 }
 
 TEST(Process, QuietByDefault) {

@@ -41,6 +41,9 @@ def loaded():
     assert stats["reserved_bytes.all.current"] >= 8 * 16 * MiB, stats
     assert stats["allocated_bytes.all.peak"] >= 8 * 16 * MiB, stats
     assert stats["gpustitch.live_blocks"] == 4, stats
+    # Reserved last rose for the eighth block: seven were allocated then, nothing waited.
+    assert stats["gpustitch.peak_reserved_allocated"] == 7 * 16 * MiB, stats
+    assert stats["gpustitch.peak_reserved_pending"] == 0, stats
     frag = gpustitch.fragmentation(0)
     expect = 1 - stats["allocated_bytes.all.current"] / stats["reserved_bytes.all.current"]
     assert abs(frag - expect) < 1e-9 and frag >= 0.45, (frag, expect)
@@ -87,6 +90,7 @@ def workload_readers_agree(stats):
     json.dumps(st)
     assert st["driver_calls"] == stats["gpustitch.driver_calls"], (st, stats)
     assert st["driver_op_calls"][0] == stats["gpustitch.driver_op_calls.create"], st
+    assert st["peak_reserved_allocated"] == stats["gpustitch.peak_reserved_allocated"], st
     s = hf_workloads.pool_stats()
     assert list(s.driver_op_ns) == st["driver_op_ns"], (list(s.driver_op_ns), st)
 

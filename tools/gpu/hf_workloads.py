@@ -136,7 +136,9 @@ def main():
     s = pool_stats()
     if s is not None:
         result.update(source="gpustitch", peak_allocated=s.peak_allocated,
-                      peak_reserved=s.peak_reserved, fresh=s.fresh, stitches=s.stitches)
+                      peak_reserved=s.peak_reserved, fresh=s.fresh, stitches=s.stitches,
+                      peak_reserved_pending=s.peak_reserved_pending,
+                      peak_reserved_allocated=s.peak_reserved_allocated)
         if at_start is not None:
             # The pool's own time in the driver inside the timed steps.
             # Of it, the reclaimer thread's (unmap:background), off the thread that launches.

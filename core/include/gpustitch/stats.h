@@ -36,6 +36,12 @@ struct DeviceStats {
   std::uint64_t largest_possible = 0;    // largest allocation that can succeed now
   std::uint64_t peak_allocated = 0;
   std::uint64_t peak_reserved = 0;
+  // When reserved last rose to peak_reserved: the memory then waiting for its fence, and the
+  // bytes then allocated (before the request that raised it). Memory freed but not yet fenced
+  // cannot serve a request or move, so a large share here means the pool grew while the device
+  // still ran work queued before frees (on a GPU, the program running ahead of the device).
+  std::uint64_t peak_reserved_pending = 0;
+  std::uint64_t peak_reserved_allocated = 0;
   std::uint64_t device_free = 0;  // driver's free memory at the last query
   std::uint64_t device_total = 0;
   // Event counts since start.

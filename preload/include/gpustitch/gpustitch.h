@@ -72,6 +72,10 @@ typedef struct gpustitch_device_stats {
   /* The program's threads' share by kind: create, map, set access, unmap, release. */
   uint64_t driver_op_calls[5];
   uint64_t driver_op_ns[5];
+  /* When reserved last rose to peak_reserved: bytes then waiting for their fence (freed while the
+   * device still ran work queued before the free), and bytes then allocated. */
+  uint64_t peak_reserved_pending;
+  uint64_t peak_reserved_allocated;
 } gpustitch_device_stats;
 
 /* Fills *out (size: sizeof(gpustitch_device_stats), for forward compatibility) for device.
