@@ -12,8 +12,9 @@ Reads what run_e2e.sh leaves in OUTDIR: meta.json, logs/status.tsv (config, phas
 seconds), logs/<config>.<ladder|timed>.out (train_seqlen.py's output: "rung {json}" lines and a
 final JSON line), logs/<config>.timed.err (the shim's exit summary), logs/common_batch,
 logs/<config>.hf.out and .err (tools/gpu/hf_workloads.py train: one JSON line with tokens_per_s,
-peak_allocated, peak_reserved, ratio, source), logs/hf_status, logs/replay_status and replay.json
-(`gpustitch replay --json --gpu`).
+peak_allocated, peak_reserved, ratio, source), logs/<config>.<timed|hf>.nvml (nvidia-smi's
+memory.used in MiB: "idle N" before the run, then a sample every 50 ms while it ran), logs/hf_status,
+logs/replay_status and replay.json (`gpustitch replay --json --gpu`).
 
 Issue 7's targets (item 4) are checked from the same run and each is marked PASS or MISS; a MISS
 is where gpustitch loses a comparison, and the table says so.
@@ -24,6 +25,11 @@ import re
 import sys
 
 GIB = 1 << 30
+IN_USE_NOTE = ("*In use, nvidia-smi*: the device memory the run added at its peak as nvidia-smi "
+               "showed it (memory.used, device-wide, every 50 ms, less the figure before the run "
+               "and the balloon): every byte the process held, whoever allocated it -- the CUDA "
+               "context, and cuBLAS's workspaces, which the pool counts as allocated and PyTorch's "
+               "statistics leave out -- so rows compare on what an operator sees.")
 DEFAULT = "pytorch-default"
 SHIM_CACHE = "gpustitch+pytorch-cache"
 SHIM = "gpustitch"
@@ -140,6 +146,36 @@ def last_line(text):
     return lines[-1] if lines else None
 
 
+def nvml_in_use(outdir, name, phase, subtract=0):
+    """Device memory the run added at its peak, as nvidia-smi showed it (peak sample - the figure
+    before the run - `subtract`, the balloon), in bytes; None without samples."""
+    idle, peak = None, None
+    for line in read(os.path.join(outdir, "logs", f"{name}.{phase}.nvml")).splitlines():
+        word = line.split()
+        try:
+            if len(word) == 2 and word[0] == "idle":
+                idle = int(word[1])
+            elif len(word) == 1:
+                peak = max(peak or 0, int(word[0]))
+        except ValueError:
+            continue  # "[N/A]", a line cut short when the sampler was stopped
+    if idle is None or peak is None:
+        return None
+    return max(0, (peak - idle) * (1 << 20) - subtract)
+
+
+def lowest_in_use(rows, key, shim_name, what, target):
+    """The target that the pool's row holds the least device memory by nvidia-smi, if measured."""
+    measured = [r for r in rows if r.get(key) is not None]
+    mine = next((r for r in measured if r["config"] == shim_name), None)
+    if mine is None or len(measured) < 2:
+        return
+    low = min((r for r in measured if r is not mine), key=lambda r: r[key])
+    target(f"gpustitch: lowest device memory in use (nvidia-smi) of all configurations, {what}",
+           gib(mine[key]) + " GiB", mine[key] <= low[key],
+           f"lowest other: {low['config']} {gib(low[key])} GiB")
+
+
 def hf_results(outdir, meta, st):
     """Phase C: per configuration, hf_workloads.py train's JSON result and how the run ended."""
     phase = read(os.path.join(outdir, "logs", "hf_status")).strip() or (
@@ -155,7 +191,8 @@ def hf_results(outdir, meta, st):
         if s and not ok and not status.startswith("skipped"):
             err = last_line(read(os.path.join(outdir, "logs", f"{name}.hf.err")))
         rows.append({"config": name, "status": status, "seconds": s["seconds"] if s else None,
-                     "ok": ok, "result": res if ok else None, "error": err})
+                     "ok": ok, "result": res if ok else None, "error": err,
+                     "in_use_bytes": nvml_in_use(outdir, name, "hf") if ok else None})
     by = {r["config"]: r for r in rows}
     base = by.get(DEFAULT)
     base = base["result"] if base and base["ok"] else None
@@ -186,8 +223,9 @@ def hf_markdown(hf):
              f"after the warm-up ({hf['status']}).")
     L.append("")
     L.append("| configuration | peak allocated (GiB) | peak reserved (GiB) | "
-             "reserved / allocated | reserved / demand | tokens/s | vs default | notes |")
-    L.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
+             "reserved / allocated | reserved / demand | in use, nvidia-smi (GiB) | tokens/s | "
+             "vs default | notes |")
+    L.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         res = r["result"] or {}
         notes = []
@@ -210,6 +248,7 @@ def hf_markdown(hf):
             gib(res.get("peak_reserved")) if ok else "-",
             fmt_ratio(r["reserved_over_allocated"]),
             fmt_ratio(r["reserved_over_demand"]),
+            gib(r["in_use_bytes"]) if r["in_use_bytes"] is not None else "-",
             f"{res['tokens_per_s']:,.0f}" if ok else "-",
             fmt_ratio(r["tokens_per_s_vs_default"]),
             md_escape("; ".join(notes)),
@@ -220,7 +259,7 @@ def hf_markdown(hf):
              "`--keep-framework-cache` the pool's allocated is PyTorch's cached segments, so "
              "reserved / allocated there says nothing about PyTorch's cache). Demand = "
              "pytorch-default's peak allocated: *reserved / demand* compares device memory "
-             "across rows.")
+             "across rows. " + IN_USE_NOTE)
     return L
 
 
@@ -238,7 +277,9 @@ def write(outdir):
         summary = [ln.strip() for ln in read(os.path.join(outdir, "logs", f"{name}.timed.err"))
                    .splitlines() if SUMMARY_RE.search(ln)]
         rows.append({"config": name, "ladder": lad, "timed_status": tstat, "timed": timed,
-                     "shim_summary": summary[-1] if summary else None})
+                     "shim_summary": summary[-1] if summary else None,
+                     "in_use_bytes": nvml_in_use(outdir, name, "timed",
+                                                 (timed or {}).get("balloon_bytes") or 0)})
 
     by = {r["config"]: r for r in rows}
 
@@ -258,6 +299,8 @@ def write(outdir):
             r) else None
         r["tokens_per_s_vs_default"] = ratio(t.get("tokens_per_s"), base_tps) if ok_timed(
             r) else None
+        if not ok_timed(r):
+            r["in_use_bytes"] = None
 
     # ---- targets (issue 7, item 4) ----
     targets = []
@@ -287,6 +330,7 @@ def write(outdir):
     else:
         target("gpustitch: peak reserved <= 1.02 x peak allocated", "-", None,
                "no successful timed run of the gpustitch configuration")
+    lowest_in_use(rows, "in_use_bytes", SHIM, "at the common batch", target)
     if not meta.get("quick"):
         for name in (SHIM, SHIM_CACHE, PLUGGABLE):
             if name not in by or not by[name]["ladder"]:
@@ -316,6 +360,7 @@ def write(outdir):
     replay_status = read(os.path.join(outdir, "logs", "replay_status")).strip() or "not run"
 
     hf = hf_results(outdir, meta, st)
+    lowest_in_use(hf["configs"], "in_use_bytes", SHIM, "HF training", target)
     doc = {"meta": meta, "common_batch": common, "demand_bytes": demand, "configs": rows,
            "targets": targets, "hf_train": hf, "replay_status": replay_status, "replay": replay}
     with open(os.path.join(outdir, "e2e.json"), "w") as f:
@@ -346,8 +391,9 @@ def write(outdir):
              f"{meta.get('warmup')} not timed.")
     L.append("")
     L.append("| configuration | largest batch | peak allocated (GiB) | peak reserved (GiB) | "
-             "fragmentation | reserved / demand | tokens/s | vs default | notes |")
-    L.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+             "fragmentation | reserved / demand | in use, nvidia-smi (GiB) | tokens/s | "
+             "vs default | notes |")
+    L.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         t, lad = r["timed"], r["ladder"]
         notes = []
@@ -397,6 +443,7 @@ def write(outdir):
             gib(t.get("peak_reserved_bytes")) if ok else "-",
             pct(t.get("fragmentation")) if ok else "-",
             fmt_ratio(r["reserved_over_demand"]),
+            gib(r["in_use_bytes"]) if r["in_use_bytes"] is not None else "-",
             f"{t['tokens_per_s']:,.0f}" if ok and t.get("tokens_per_s") else "-",
             fmt_ratio(r["tokens_per_s_vs_default"]),
             md_escape("; ".join(notes)) or "",
@@ -407,7 +454,7 @@ def write(outdir):
              "memory it held, and PyTorch's peak allocated where PyTorch keeps statistics, else "
              "the pool's). Demand = PyTorch default's peak allocated at the common batch: the same "
              "tensors for every configuration, so *reserved / demand* compares device memory "
-             "across configurations.")
+             "across configurations. " + IN_USE_NOTE)
     L.append("")
     L.append("### Targets (issue 7)")
     L.append("")

@@ -222,10 +222,24 @@ run_cmd() {
     return 0
   fi
   log "$name $phase (timeout ${secs}s)"
-  local t=$SECONDS
+  local t=$SECONDS sampler=""
   { printf '# command:'; printf ' %q' "${cmd[@]}"; echo; } >"$base.out"
+  # The device memory in use while the timed and HF runs go, as nvidia-smi shows it: every byte
+  # the process holds, whoever allocated it (cuBLAS's workspaces, which only the pool counts, the
+  # CUDA context), so that configurations compare on what an SRE sees. Device-wide, sampled every
+  # 50 ms; the first line is the figure before the run.
+  if [[ $phase == timed || $phase == hf ]] && command -v "$NVSMI" >/dev/null; then
+    { printf 'idle '; nvsmi_used; } >"$base.nvml"
+    "$NVSMI" --query-gpu=memory.used --format=csv,noheader,nounits -i 0 -lms 50 \
+      >>"$base.nvml" 2>/dev/null &
+    sampler=$!
+  fi
   "${cmd[@]}" >>"$base.out" 2>"$base.err"
   local rc=$? st
+  if [[ -n $sampler ]]; then
+    kill "$sampler" 2>/dev/null
+    wait "$sampler" 2>/dev/null
+  fi
   case $rc in
     0) st=ok ;;
     124|137) st=timeout ;;
@@ -234,6 +248,9 @@ run_cmd() {
   printf '%s\t%s\t%s\t%s\n' "$name" "$phase" "$st" $((SECONDS - t)) >>"$STATUS"
   log "$name $phase: $st in $((SECONDS - t))s: $("$PY" "$HERE/report.py" brief "$base.out")"
 }
+
+NVSMI=${NVIDIA_SMI:-nvidia-smi}
+nvsmi_used() { "$NVSMI" --query-gpu=memory.used --format=csv,noheader,nounits -i 0 | head -n1; }
 
 # ---- meta ---------------------------------------------------------------------------------------
 GPU=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null |

@@ -35,8 +35,20 @@ esac
 EOF
 chmod +x "$TMP/build/tools/gpustitch"
 
+# nvidia-smi: memory.used is what the running stand-in wrote to $SELFTEST_NVML (1000 MiB when none
+# runs); with -lms, a sample every 50 ms until killed.
+cat >"$TMP/bin/nvidia-smi" <<'EOF'
+#!/usr/bin/env bash
+now() { cat "$SELFTEST_NVML" 2>/dev/null || echo 1000; }
+if [[ " $* " == *" -lms "* ]]; then while :; do now; sleep 0.05; done; else now; fi
+EOF
+chmod +x "$TMP/bin/nvidia-smi"
+export NVIDIA_SMI=$TMP/bin/nvidia-smi SELFTEST_NVML=$TMP/nvml_now
+
 cat >"$TMP/bin/python" <<'EOF'
 #!/usr/bin/env bash
+# in_use MiB: holds the device's memory.used at 1000 + MiB for a moment, as a run's peak would.
+in_use() { echo $((1000 + $1)) >"$SELFTEST_NVML"; sleep 0.3; echo 1000 >"$SELFTEST_NVML"; }
 if [[ ${1:-} == -c && ${2:-} == *"import transformers"* ]]; then
   if [[ -n ${SELFTEST_NO_TRANSFORMERS:-} ]]; then
     echo "ModuleNotFoundError: No module named 'transformers'" >&2; exit 1
@@ -49,11 +61,11 @@ if [[ ${1:-} == *hf_workloads.py && ${2:-} == train ]]; then
   elif [[ -n ${GPUSTITCH_LIB:-} ]]; then cfg=gpustitch-pluggable
   else cfg=${PYTORCH_CUDA_ALLOC_CONF:-pytorch-default}; fi
   case $cfg in
-    pytorch-default) tps=64000 alloc=13.1 res=24.45 src=torch ;;
-    expandable_segments:True) tps=63000 alloc=13.1 res=14.5 src=torch ;;
-    backend:cudaMallocAsync) tps=60000 alloc=13.1 res=15 src=torch ;;
-    gpustitch+pytorch-cache) tps=62000 alloc=24.4 res=24.6 src=gpustitch ;;
-    gpustitch) tps=57600 alloc=13.2 res=14 src=gpustitch ;;
+    pytorch-default) tps=64000 alloc=13.1 res=24.45 src=torch; in_use 25600 ;;
+    expandable_segments:True) tps=63000 alloc=13.1 res=14.5 src=torch; in_use 15360 ;;
+    backend:cudaMallocAsync) tps=60000 alloc=13.1 res=15 src=torch; in_use 15872 ;;
+    gpustitch+pytorch-cache) tps=62000 alloc=24.4 res=24.6 src=gpustitch; in_use 25700 ;;
+    gpustitch) tps=57600 alloc=13.2 res=14 src=gpustitch; in_use 15104 ;;
     max_split_size_mb:128)
       printf 'Traceback (most recent call last):\n  File "hf_workloads.py"\n' >&2
       echo "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB" >&2; exit 1 ;;
@@ -83,13 +95,13 @@ if ((trace)); then
   conf=${GPUSTITCH_CONF#*trace:}; printf 'Thread,Time,Action\n1,0,allocate\n1,0,free\n' >"$conf"
   exit 0
 fi
-case $config in
-  pytorch-default) limit=5 tps=100000 alloc=20 res=23 ;;
-  expandable-segments) limit=6 tps=99000 alloc=20 res=21 ;;
-  max-split-128mb) limit=5 tps=98000 alloc=20 res=24 ;;
-  cudaMallocAsync) limit=6 tps=97000 alloc=20 res=22 ;;
-  gpustitch+pytorch-cache) limit=6 tps=99500 alloc=20 res=20.3 ;;
-  gpustitch) limit=7 tps=96000 alloc=20.1 res=20.2 ;;
+case $config in  # used: MiB the timed run adds to nvidia-smi's figure, its 1 GiB balloon included
+  pytorch-default) limit=5 tps=100000 alloc=20 res=23 used=24576 ;;
+  expandable-segments) limit=6 tps=99000 alloc=20 res=21 used=22528 ;;
+  max-split-128mb) limit=5 tps=98000 alloc=20 res=24 used=25600 ;;
+  cudaMallocAsync) limit=6 tps=97000 alloc=20 res=22 used=23552 ;;
+  gpustitch+pytorch-cache) limit=6 tps=99500 alloc=20 res=20.3 used=22272 ;;
+  gpustitch) limit=7 tps=96000 alloc=20.1 res=20.2 used=22016 ;;
   gpustitch-pluggable) echo "Segmentation fault" >&2; exit 139 ;;
 esac
 [[ -n ${SELFTEST_SHIM:-} ]] && echo "gpustitch: summary device 0: allocs 10, cache hits 9" >&2
@@ -106,11 +118,13 @@ if [[ -n $ladder ]]; then
   echo "{\"config\": \"$config\", \"max_ok_batch\": $max, \"stopped\": \"done\"}"
   exit 0
 fi
+in_use "$used"
 python3 - "$config" "$batch" "$tps" "$alloc" "$res" "${SELFTEST_SHIM:-}" <<'PY'
 import json, sys
 c, b, tps, a, r, shim = sys.argv[1:]
 G = 1 << 30
 print(json.dumps({"config": c, "batch": int(b), "steps_completed": 16, "oom": False,
+                  "balloon_bytes": G,
                   "error": None, "tokens_per_s": float(tps), "peak_allocated_bytes": int(float(a) * G),
                   "peak_reserved_bytes": int(float(r) * G), "shim_active": bool(shim),
                   "fragmentation": 1 - float(a) / float(r),
@@ -141,6 +155,14 @@ check "7 configuration rows" test "$(section "" "$md" | grep -cE "$ROWS_RE")" -e
 check "ladder maximum of gpustitch is 7" grep -q '^| gpustitch | 7 |' "$md"
 check "crashed pluggable run reported, not fatal" grep -q '^| gpustitch-pluggable | 0 (crashed)' "$md"
 check "reserved over demand of gpustitch (20.2/20)" grep -q '^| gpustitch | 7 | 20.10 | 20.20 | 0.5% | 1.010 |' "$md"
+check "in use by nvidia-smi, less the figure before and the balloon (22016 - 1024 MiB)" \
+  grep -q '^| gpustitch | 7 | 20.10 | 20.20 | 0.5% | 1.010 | 20.50 |' "$md"
+check "nvidia-smi target at the common batch" grep -q \
+  'lowest device memory in use (nvidia-smi) of all configurations, at the common batch | 20.50 GiB | PASS | lowest other: gpustitch+pytorch-cache 20.75 GiB' \
+  "$md"
+check "nvidia-smi target, HF" grep -q \
+  'lowest device memory in use (nvidia-smi) of all configurations, HF training | 14.75 GiB | PASS | lowest other: expandable-segments 15.00 GiB' \
+  "$md"
 check "target 1.02x passes" grep -q 'peak reserved <= 1.02 x peak allocated | 1.010 | PASS' "$md"
 check "memory in the driver's default pool is noted" \
   grep -q "^| gpustitch | 7 |.*plus up to 0.25 GiB in the driver's default pool" "$md"
@@ -158,11 +180,11 @@ check "e2e.json parses" python3 -c "import json,sys; d=json.load(open(sys.argv[1
 hf=$(section "HF Llama training" "$md")
 check "HF table: 7 configuration rows" test "$(grep -cE "$ROWS_RE" <<<"$hf")" -eq 7
 check "HF table: gpustitch row (14.00/13.20, 14.00/13.10, 57600/64000)" \
-  grep -q '^| gpustitch | 13.20 | 14.00 | 1.061 | 1.069 | 57,600 | 0.900 | figures: pool' <<<"$hf"
+  grep -q '^| gpustitch | 13.20 | 14.00 | 1.061 | 1.069 | 14.75 | 57,600 | 0.900 | figures: pool' <<<"$hf"
 check "HF table: default is its own reference" \
-  grep -q '^| pytorch-default | 13.10 | 24.45 | 1.866 | 1.866 | 64,000 | 1.000 |' <<<"$hf"
+  grep -q '^| pytorch-default | 13.10 | 24.45 | 1.866 | 1.866 | 25.00 | 64,000 | 1.000 |' <<<"$hf"
 check "HF table: failed run shown as failed, with its error" \
-  grep -q '^| max-split-128mb | - | - | - | - | - | - | failed: exit 1; torch.OutOfMemoryError' \
+  grep -q '^| max-split-128mb | - | - | - | - | - | - | - | failed: exit 1; torch.OutOfMemoryError' \
   <<<"$hf"
 check "HF table: pluggable skipped, hf_workloads.py has no --pluggable" \
   grep -q '^| gpustitch-pluggable | - .*skipped: hf_workloads.py has no --pluggable' <<<"$hf"
