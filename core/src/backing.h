@@ -108,10 +108,10 @@ class Backing {
   // time spent in them: what the pool's layout costs, next to what the program does. All of
   // them, and of those the reclaimer thread's (unmap_claimed), off the program's threads.
   std::uint64_t driver_calls() const noexcept {
-    return driver_calls_ + background_calls_.load(std::memory_order_relaxed);
+    return sum(op_calls_) + background_calls_.load(std::memory_order_relaxed);
   }
   std::uint64_t driver_ns() const noexcept {
-    return driver_ns_ + background_ns_.load(std::memory_order_relaxed);
+    return sum(op_ns_) + background_ns_.load(std::memory_order_relaxed);
   }
   std::uint64_t background_calls() const noexcept {
     return background_calls_.load(std::memory_order_relaxed);
@@ -139,14 +139,18 @@ class Backing {
   std::size_t mapped_bytes_ = 0;
   std::size_t failed_bytes_ = 0;
   std::size_t count_ = 0;
-  std::uint64_t driver_calls_ = 0;
-  std::uint64_t driver_ns_ = 0;
   std::atomic<std::uint64_t> background_calls_{0};
   std::atomic<std::uint64_t> background_ns_{0};
   RetiredMappings retired_;
 
+  // The calling threads' driver calls and time by kind; their sums are the totals.
   std::uint64_t op_calls_[kDriverOps] = {};
   std::uint64_t op_ns_[kDriverOps] = {};
+  static std::uint64_t sum(const std::uint64_t (&by_op)[kDriverOps]) noexcept {
+    std::uint64_t total = 0;
+    for (std::uint64_t v : by_op) total += v;
+    return total;
+  }
 
   template <class Call>
   Status timed(DriverOp op, Call&& call) noexcept;  // one backend call, counted and timed
@@ -162,8 +166,6 @@ Status Backing::timed(DriverOp op, Call&& call) noexcept {
   const auto ns = static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
           .count());
-  driver_ns_ += ns;
-  ++driver_calls_;
   op_ns_[static_cast<int>(op)] += ns;
   ++op_calls_[static_cast<int>(op)];
   return s;

@@ -165,6 +165,7 @@ class PoolPolicy final : public ReplayPolicy {
   // Free bytes lying in a granule that a live or pending block, or a small-object chunk, also
   // touches.
   static std::uint64_t pinned_free(const std::vector<MappedSegment>& map, std::size_t g) {
+    if (g == 0) return 0;
     struct Piece {
       DevPtr lo, hi;  // [lo, hi)
       bool free;
@@ -181,7 +182,6 @@ class PoolPolicy final : public ReplayPolicy {
         }
       }
     }
-    if (g == 0) return 0;
     std::sort(pieces.begin(), pieces.end(),
               [](const Piece& a, const Piece& b) { return a.lo < b.lo; });
     // Pieces do not overlap: the ones sharing a granule with piece i are its neighbours in
