@@ -19,6 +19,8 @@ namespace gpustitch::shm {
 
 static_assert(kHistogramBuckets == gpustitch::kHistogramBuckets,
               "the record's histogram must match the core's; bump kLayoutVersion with it");
+static_assert(gpustitch::kDriverOps == 5,
+              "the record has a driver_<kind>_* pair per DriverOp; bump kLayoutVersion with it");
 
 DeviceCounters to_counters(const gpustitch::DeviceStats& s, int ordinal) noexcept {
   DeviceCounters c;
@@ -27,6 +29,19 @@ DeviceCounters to_counters(const gpustitch::DeviceStats& s, int ordinal) noexcep
   GPUSTITCH_SHM_DEVICE_COUNTERS(GPUSTITCH_SHM_COPY)
   GPUSTITCH_SHM_DRIVER_COUNTERS(GPUSTITCH_SHM_COPY)
 #undef GPUSTITCH_SHM_COPY
+  c.driver_background_calls = s.driver_background_calls;
+  c.driver_background_ns = s.driver_background_ns;
+  c.peak_reserved_allocated = s.peak_reserved_allocated;
+  c.peak_reserved_pending = s.peak_reserved_pending;
+  auto by_kind = [&](DriverOp op, std::uint64_t* calls, std::uint64_t* ns) {
+    *calls = s.driver_op_calls[static_cast<int>(op)];
+    *ns = s.driver_op_ns[static_cast<int>(op)];
+  };
+  by_kind(DriverOp::create, &c.driver_create_calls, &c.driver_create_ns);
+  by_kind(DriverOp::map, &c.driver_map_calls, &c.driver_map_ns);
+  by_kind(DriverOp::set_access, &c.driver_set_access_calls, &c.driver_set_access_ns);
+  by_kind(DriverOp::unmap, &c.driver_unmap_calls, &c.driver_unmap_ns);
+  by_kind(DriverOp::release, &c.driver_release_calls, &c.driver_release_ns);
   std::memcpy(c.hist_allocs, s.hist_allocs, sizeof c.hist_allocs);
   std::memcpy(c.hist_live, s.hist_live, sizeof c.hist_live);
   c.ordinal = ordinal;

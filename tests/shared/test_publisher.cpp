@@ -32,6 +32,14 @@ struct ScriptedSource {
               s.hist_allocs[3] = 7;
               s.driver_calls = 30 + d;
               s.driver_ns = 2'000'000 + d;
+              s.driver_background_calls = 4 + d;
+              s.driver_background_ns = 400'000 + d;
+              for (int op = 0; op < kDriverOps; ++op) {
+                s.driver_op_calls[op] = 100 * (op + 1) + d;
+                s.driver_op_ns[op] = 1000 * (op + 1) + d;
+              }
+              s.peak_reserved_allocated = 3 * MiB + d;
+              s.peak_reserved_pending = 1 * MiB + d;
               return s;
             }};
   }
@@ -84,6 +92,18 @@ TEST(StatsPublisher, PublishesTheSourcesFiguresPeriodically) {
   EXPECT_EQ(s.devices[0].hist_allocs[3], 7u);
   EXPECT_EQ(s.devices[1].driver_calls, 31u);
   EXPECT_EQ(s.devices[1].driver_ns, 2'000'001u);
+  // Each kind lands in its own field (DriverOp order), the reclaimer's share and the peak's apart.
+  EXPECT_EQ(s.devices[1].driver_create_calls, 101u);
+  EXPECT_EQ(s.devices[1].driver_map_calls, 201u);
+  EXPECT_EQ(s.devices[1].driver_set_access_calls, 301u);
+  EXPECT_EQ(s.devices[1].driver_unmap_calls, 401u);
+  EXPECT_EQ(s.devices[1].driver_release_calls, 501u);
+  EXPECT_EQ(s.devices[1].driver_create_ns, 1001u);
+  EXPECT_EQ(s.devices[1].driver_release_ns, 5001u);
+  EXPECT_EQ(s.devices[1].driver_background_calls, 5u);
+  EXPECT_EQ(s.devices[1].driver_background_ns, 400'001u);
+  EXPECT_EQ(s.devices[1].peak_reserved_allocated, 3 * MiB + 1);
+  EXPECT_EQ(s.devices[1].peak_reserved_pending, 1 * MiB + 1);
   EXPECT_DOUBLE_EQ(s.devices[1].fragmentation(), 1.0 - double(5 * MiB + 1) / double(8 * MiB));
   EXPECT_GT(s.publish_count, 1u);
 }

@@ -462,10 +462,10 @@ TEST_F(HostileRecord, ShrunkAfterOpenFailsCleanly) {
 }
 
 // A record of a previous layout (2: before the program_* counters, 3: before program_served_*,
-// 4: before driver_*) from a process still running an older library: read with its own device
-// stride and offsets, the newer counters zero.
+// 4: before driver_*, 5: before the driver detail counters) from a process still running an
+// older library: read with its own device stride and offsets, the newer counters zero.
 TEST_F(HostileRecord, PreviousLayoutsAreReadWithNewerCountersZero) {
-  for (const std::uint32_t version : {2u, 3u, 4u}) {
+  for (const std::uint32_t version : {2u, 3u, 4u, 5u}) {
     SCOPED_TRACE(version);
     const LayoutInfo& v2 = *find_layout(version);
     ASSERT_LT(v2.record_size, sizeof(Record));
@@ -482,10 +482,12 @@ TEST_F(HostileRecord, PreviousLayoutsAreReadWithNewerCountersZero) {
     for (int d = 0; d < 2; ++d) {
       DeviceCounters c{};
       c.bytes_allocated = 100 + d;
-      c.coop_dropped = 7 + d;             // the last counter of layout 2
-      c.program_mapped_bytes = 70 + d;    // the last counter of layout 3
-      c.program_served_handles = 80 + d;  // the last counter of layout 4
-      c.driver_calls = 90 + d;            // not in any of them: must not be read
+      c.coop_dropped = 7 + d;              // the last counter of layout 2
+      c.program_mapped_bytes = 70 + d;     // the last counter of layout 3
+      c.program_served_handles = 80 + d;   // the last counter of layout 4
+      c.driver_ns = 90 + d;                // the last counter of layout 5
+      c.driver_background_calls = 95 + d;  // not in any of them: must not be read
+      c.peak_reserved_pending = 96 + d;    // nor this
       c.ordinal = d;
       std::memcpy(image.data() + offsetof(Record, snapshot) + offsetof(Snapshot, devices) +
                       d * v2.device_stride,
@@ -523,7 +525,9 @@ TEST_F(HostileRecord, PreviousLayoutsAreReadWithNewerCountersZero) {
       EXPECT_EQ(snap.devices[d].program_served_bytes, 0u);
       EXPECT_EQ(snap.devices[d].program_served_handles, version >= 4 ? 80u + d : 0u);
       EXPECT_EQ(snap.devices[d].driver_calls, 0u);
-      EXPECT_EQ(snap.devices[d].driver_ns, 0u);
+      EXPECT_EQ(snap.devices[d].driver_ns, version >= 5 ? 90u + d : 0u);
+      EXPECT_EQ(snap.devices[d].driver_background_calls, 0u);
+      EXPECT_EQ(snap.devices[d].peak_reserved_pending, 0u);
     }
     std::vector<EventCopy> events;
     ASSERT_EQ(r->read_events(&events), ReadError::none);

@@ -185,18 +185,36 @@ TEST_F(CliStats, ShowSaysHowLongThePoolSpentInTheDriver) {
   d.bytes_reserved = 1 * GiB;
   d.driver_calls = 6482;
   d.driver_ns = 295'812'345;
+  d.driver_create_calls = 120;
+  d.driver_create_ns = 1'500'000;
+  d.driver_set_access_calls = 60;
+  d.driver_set_access_ns = 9'750'000;
+  d.driver_background_calls = 3000;
+  d.driver_background_ns = 54'000'000;
+  d.peak_reserved_allocated = 768 * MiB;
+  d.peak_reserved_pending = 192 * MiB;
   publish_one_device("/usr/bin/python3", "python3 train.py", d);
   ASSERT_TRUE(writer_);
 
   auto [rc, show] = cli(with({"show", std::to_string(::getpid())}, src()));
   ASSERT_EQ(rc, 0) << show;
   EXPECT_NE(show.find("driver calls 6482 (295.8 ms)"), std::string::npos) << show;
+  // Where that time went, and what waited for the device when reserved last rose to its peak.
+  EXPECT_NE(show.find("create 120 (1.5 ms)"), std::string::npos) << show;
+  EXPECT_NE(show.find("set access 60 (9.8 ms)"), std::string::npos) << show;
+  EXPECT_NE(show.find("reclaimer thread 3000 (54.0 ms)"), std::string::npos) << show;
+  EXPECT_NE(show.find("when reserved peaked 768 MiB allocated, 192 MiB waiting for the device"),
+            std::string::npos)
+      << show;
   auto [jrc, jout] = cli(with({"show", std::to_string(::getpid()), "--json"}, src()));
   ASSERT_EQ(jrc, 0);
   const json sj = json::parse(jout);
   const json& dev = sj["process"]["devices"][0];
   EXPECT_EQ(dev["driver_calls"].get<std::uint64_t>(), 6482u);
   EXPECT_EQ(dev["driver_ns"].get<std::uint64_t>(), 295'812'345u);
+  EXPECT_EQ(dev["driver_set_access_ns"].get<std::uint64_t>(), 9'750'000u);
+  EXPECT_EQ(dev["driver_background_calls"].get<std::uint64_t>(), 3000u);
+  EXPECT_EQ(dev["peak_reserved_pending"].get<std::uint64_t>(), 192 * MiB);
 }
 
 // A record cannot make the CLI write terminal escape sequences.

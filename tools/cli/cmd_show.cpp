@@ -129,6 +129,24 @@ void print_process(const json& answer, const std::string& source, int chart_widt
       std::snprintf(ms, sizeof ms, "%.1f ms", static_cast<double>(u64(d, "driver_ns")) / 1e6);
       line({{"driver calls", std::to_string(u64(d, "driver_calls")) + " (" + ms + ")"}});
     }
+    // Layout 6: where that time went (the allocating threads' calls by kind, the reclaimer
+    // thread's apart), and what reserved held when it last rose to its peak: memory waiting for
+    // the device there means the pool grew while the GPU still ran work queued before frees.
+    if (u64(p, "layout_version") == 0 || u64(p, "layout_version") >= 6) {
+      auto calls = [&](const char* label, const std::string& kind) {
+        char ms[32];
+        std::snprintf(ms, sizeof ms, "%.1f ms",
+                      static_cast<double>(u64(d, ("driver_" + kind + "_ns").c_str())) / 1e6);
+        return std::pair<std::string, std::string>{
+            label, std::to_string(u64(d, ("driver_" + kind + "_calls").c_str())) + " (" + ms + ")"};
+      };
+      line({calls("create", "create"), calls("map", "map"), calls("set access", "set_access"),
+            calls("unmap", "unmap"), calls("release", "release"),
+            calls("reclaimer thread", "background")});
+      line({{"when reserved peaked",
+             human_bytes(u64(d, "peak_reserved_allocated")) + " allocated, " +
+                 human_bytes(u64(d, "peak_reserved_pending")) + " waiting for the device"}});
+    }
     // Memory the program maps itself with cuMemCreate/cuMemMap (XLA, expandable segments, NCCL):
     // on the GPU and charged to the process, but not served by the pool and not releasable by it.
     if (u64(p, "layout_version") != 0 && u64(p, "layout_version") < 3) {

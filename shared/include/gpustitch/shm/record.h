@@ -31,8 +31,9 @@ namespace gpustitch::shm {
 
 inline constexpr std::uint64_t kRecordMagic = 0x3148435449545347ull;  // "GSTITCH1", little endian
 // 2: cooperative-release counters; 3: memory the program maps itself (program_*); 4: of that,
-// what the pool served (program_served_*); 5: the pool's own driver calls (driver_*).
-inline constexpr std::uint32_t kLayoutVersion = 5;
+// what the pool served (program_served_*); 5: the pool's own driver calls (driver_*); 6: their
+// split by thread and kind, and what reserved held when it last rose to its peak.
+inline constexpr std::uint32_t kLayoutVersion = 6;
 
 inline constexpr int kMaxDevices = 16;
 inline constexpr int kHistogramBuckets = 32;  // = gpustitch::kHistogramBuckets (checked in .cpp)
@@ -98,6 +99,25 @@ inline constexpr std::size_t kUuidBytes = 16;
   X(driver_calls) /* memory-API calls the pool made */ \
   X(driver_ns)    /* wall time in them, nanoseconds (the calls themselves, not locks) */
 
+// Where the pool's driver time goes and why its peak was reached (DeviceStats, same names).
+// Layout 6. The per-kind counters are the allocating threads' (DriverOp order); the reclaimer
+// thread's calls are all unmaps of moved handles' old places (unmap:background).
+#define GPUSTITCH_SHM_DRIVER_DETAIL_COUNTERS(X)                                              \
+  X(driver_background_calls) /* of driver_calls, the reclaimer thread's */                   \
+  X(driver_background_ns)                                                                    \
+  X(driver_create_calls)                                                                     \
+  X(driver_create_ns)                                                                        \
+  X(driver_map_calls)                                                                        \
+  X(driver_map_ns)                                                                           \
+  X(driver_set_access_calls)                                                                 \
+  X(driver_set_access_ns)                                                                    \
+  X(driver_unmap_calls)                                                                      \
+  X(driver_unmap_ns)                                                                         \
+  X(driver_release_calls)                                                                    \
+  X(driver_release_ns)                                                                       \
+  X(peak_reserved_allocated) /* when reserved last rose to its peak: bytes then allocated */ \
+  X(peak_reserved_pending)   /* and bytes then freed but waiting for the device (its fence) */
+
 struct DeviceCounters {
 #define GPUSTITCH_SHM_FIELD(name) std::uint64_t name;
   GPUSTITCH_SHM_DEVICE_COUNTERS(GPUSTITCH_SHM_FIELD)
@@ -112,6 +132,7 @@ struct DeviceCounters {
   GPUSTITCH_SHM_COOP_COUNTERS(GPUSTITCH_SHM_FIELD)
   GPUSTITCH_SHM_PROGRAM_COUNTERS(GPUSTITCH_SHM_FIELD)
   GPUSTITCH_SHM_DRIVER_COUNTERS(GPUSTITCH_SHM_FIELD)
+  GPUSTITCH_SHM_DRIVER_DETAIL_COUNTERS(GPUSTITCH_SHM_FIELD)
 #undef GPUSTITCH_SHM_FIELD
 
   // What cooperative release may ask this process's pool for: its idle cache. Memory the program
@@ -234,14 +255,16 @@ struct Record {
 // ---- layout pins: a change here is a layout change, bump kLayoutVersion --------------------
 static_assert(std::is_trivially_copyable_v<Record> && std::is_standard_layout_v<Record>);
 static_assert(sizeof(DeviceCounters) ==
-              24 * 8 + 2 * kHistogramBuckets * 8 + 32 + 7 * 8 + 6 * 8 + 2 * 8);
-static_assert(sizeof(DeviceCounters) == 856);
+              24 * 8 + 2 * kHistogramBuckets * 8 + 32 + 7 * 8 + 6 * 8 + 2 * 8 + 14 * 8);
+static_assert(sizeof(DeviceCounters) == 968);
 static_assert(offsetof(DeviceCounters, program_held_bytes) == 792);
 static_assert(offsetof(DeviceCounters, program_served_bytes) == 824);
 static_assert(offsetof(DeviceCounters, driver_calls) == 840);
+static_assert(offsetof(DeviceCounters, driver_background_calls) == 856);
 static_assert(sizeof(RecordHeader) == 64);
 static_assert(sizeof(Identity) == 48 + kExeBytes + kCmdlineBytes);
 static_assert(sizeof(Snapshot) == 64 + kMaxDevices * sizeof(DeviceCounters));
+static_assert(sizeof(Snapshot) == 15552);
 static_assert(sizeof(EventSlot) == 96);
 static_assert(sizeof(EventRing) == 64 + kEventSlots * sizeof(EventSlot));
 static_assert(sizeof(SiteFrame) == 168);
@@ -250,9 +273,9 @@ static_assert(sizeof(SiteTable) == 64 + kMaxSites * sizeof(Site));
 static_assert(offsetof(Record, header) == 0);
 static_assert(offsetof(Record, identity) == 64);
 static_assert(offsetof(Record, snapshot) == 64 + 1328);
-static_assert(offsetof(Record, events) == 1392 + 13760);
-static_assert(offsetof(Record, sites) == 15152 + 6208);
-static_assert(sizeof(Record) == 21360 + 21952);
+static_assert(offsetof(Record, events) == 1392 + 15552);
+static_assert(offsetof(Record, sites) == 16944 + 6208);
+static_assert(sizeof(Record) == 23152 + 21952);
 static_assert(offsetof(Snapshot, devices) == 64);
 static_assert(offsetof(EventRing, slots) == 64);
 static_assert(offsetof(SiteTable, sites) == 64);
@@ -278,6 +301,8 @@ constexpr LayoutInfo layout_with_stride(std::uint32_t version, std::size_t strid
 }
 inline constexpr LayoutInfo kReadableLayouts[] = {
     layout_with_stride(kLayoutVersion, sizeof(DeviceCounters)),
+    // 5: without the driver detail counters.
+    layout_with_stride(5, offsetof(DeviceCounters, driver_background_calls)),
     // 4: without the driver_* counters.
     layout_with_stride(4, offsetof(DeviceCounters, driver_calls)),
     // 3: without the program_served_* counters.
@@ -288,16 +313,19 @@ inline constexpr LayoutInfo kReadableLayouts[] = {
 static_assert(kReadableLayouts[0].record_size == sizeof(Record));
 static_assert(kReadableLayouts[0].events_offset == offsetof(Record, events));
 static_assert(kReadableLayouts[0].sites_offset == offsetof(Record, sites));
-// Layouts 4, 3 and 2 as they were pinned when they were current.
-static_assert(kReadableLayouts[1].record_size == 21104 + 21952);
-static_assert(kReadableLayouts[1].events_offset == 1392 + 13504);
-static_assert(kReadableLayouts[1].sites_offset == 14896 + 6208);
-static_assert(kReadableLayouts[2].record_size == 20848 + 21952);
-static_assert(kReadableLayouts[2].events_offset == 1392 + 13248);
-static_assert(kReadableLayouts[2].sites_offset == 14640 + 6208);
-static_assert(kReadableLayouts[3].record_size == 20336 + 21952);
-static_assert(kReadableLayouts[3].events_offset == 1392 + 12736);
-static_assert(kReadableLayouts[3].sites_offset == 14128 + 6208);
+// Layouts 5, 4, 3 and 2 as they were pinned when they were current.
+static_assert(kReadableLayouts[1].record_size == 21360 + 21952);
+static_assert(kReadableLayouts[1].events_offset == 1392 + 13760);
+static_assert(kReadableLayouts[1].sites_offset == 15152 + 6208);
+static_assert(kReadableLayouts[2].record_size == 21104 + 21952);
+static_assert(kReadableLayouts[2].events_offset == 1392 + 13504);
+static_assert(kReadableLayouts[2].sites_offset == 14896 + 6208);
+static_assert(kReadableLayouts[3].record_size == 20848 + 21952);
+static_assert(kReadableLayouts[3].events_offset == 1392 + 13248);
+static_assert(kReadableLayouts[3].sites_offset == 14640 + 6208);
+static_assert(kReadableLayouts[4].record_size == 20336 + 21952);
+static_assert(kReadableLayouts[4].events_offset == 1392 + 12736);
+static_assert(kReadableLayouts[4].sites_offset == 14128 + 6208);
 
 // The readable layout with this version, or null.
 constexpr const LayoutInfo* find_layout(std::uint32_t version) {
