@@ -72,8 +72,13 @@ cudaError malloc_async(void** ptr, std::size_t size, CUstream stream, bool per_t
   Pool* pool = pl::serving_pool();
   int device = 0;
   if (pool && ptr && size != 0) {
-    if (!pl::stream_capturing(stream, per_thread) &&
-        pl::stream_device(stream, per_thread, true, &device)) {
+    // The device first: on a thread with no current context (PyTorch's autograd thread, whose
+    // first call is the loss gradient's allocation) it makes the runtime's context current, as
+    // the runtime itself would, and only then can the driver say whether the NULL or per-thread
+    // stream is capturing. In the other order that first allocation went to the driver's own
+    // pool, uncounted: 2 GiB of HF Llama training's logits gradient.
+    if (pl::stream_device(stream, per_thread, true, &device) &&
+        !pl::stream_capturing(stream, per_thread)) {
       DevPtr out = 0;
       const pl::Served served =
           pl::serve_allocation(*pool, device, size, pl::stream_key(stream, per_thread), &out);
@@ -90,6 +95,9 @@ cudaError free_async(void* ptr, CUstream stream, bool per_thread) {
   Pool* pool = pl::existing_pool();
   auto p = reinterpret_cast<DevPtr>(ptr);
   if (pool && p) {
+    // As the runtime does before the call: the context current, so that a free on a thread that
+    // has made no CUDA call yet is stream-ordered, not refused for want of a context.
+    if (reinterpret_cast<std::uintptr_t>(stream) <= 2) pl::ensure_runtime_context();
     CUresult error = CUDA_SUCCESS;
     switch (pl::serve_free_async(*pool, p, stream, per_thread, "cudaFreeAsync", &error)) {
       case pl::FreeServed::freed:

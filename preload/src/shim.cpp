@@ -305,6 +305,12 @@ bool runtime_current_device(int* device) noexcept {
   return driver_current_device(device);
 }
 
+void ensure_runtime_context() noexcept {
+  if (t_had_context) return;
+  int device = 0;
+  runtime_current_device(&device);
+}
+
 bool stream_device(cuda::CUstream stream, bool per_thread, bool runtime, int* device) noexcept {
   auto v = reinterpret_cast<std::uintptr_t>(stream);
   if (v > 2 && single_visible_device()) {

@@ -82,9 +82,14 @@ bool driver_current_device(int* device) noexcept;
 // With one device there is nothing to switch to.) The driver-level hooks keep asking, so a
 // driver-API program without a context still gets the native CUDA_ERROR_INVALID_CONTEXT.
 bool runtime_current_device(int* device) noexcept;
-// The device a stream-ordered allocation on stream belongs to. Call it after stream_capturing(),
-// which has validated the stream: with one visible device an explicit stream's device is 0
-// without asking the driver.
+// What the runtime does before each call, for the hooks that answer a runtime call themselves:
+// a thread that has never had a current context gets the runtime's (runtime_current_device);
+// one that had needs no driver call.
+void ensure_runtime_context() noexcept;
+// The device a stream-ordered allocation on stream belongs to. Follow it with stream_capturing(),
+// which validates the stream (with one visible device an explicit stream's device is 0 without
+// asking the driver); the runtime's hooks call this first, since for the NULL and per-thread
+// streams it makes the runtime's context current, without which the driver cannot answer that.
 bool stream_device(cuda::CUstream stream, bool per_thread, bool runtime, int* device) noexcept;
 // Whether stream is being captured into a CUDA graph (then stream-ordered calls keep their native,
 // graph-recording behaviour). invalid: the driver could not say (a destroyed stream, no context);

@@ -131,6 +131,41 @@ TEST_F(DynamicRuntime, StreamOrderedAllocationsUseThePool) {
   EXPECT_EQ(cudaStreamDestroy(s), kSuccess);
 }
 
+// A thread that has made no CUDA call has no current context; the runtime makes one current
+// inside its first call. PyTorch's autograd thread starts that way, and its first call is the
+// loss gradient's cudaMallocAsync on the NULL stream: that one must be served like any other,
+// not handed to the driver's own pool. A free there must not fail for want of a context either.
+TEST_F(DynamicRuntime, StreamOrderedCallsOnAThreadWithoutAContextUseThePool) {
+  auto before = shim::stats(0);
+  void* kept = nullptr;
+  ASSERT_EQ(cudaMalloc(&kept, 2 * MiB), kSuccess);
+  int rc[3] = {-1, -1, -1};
+  void* p[2] = {nullptr, nullptr};
+  bool owned[2] = {false, false}, read_back[2] = {false, false};
+  std::thread([&] { rc[0] = cudaMallocAsync(&p[0], 3 * MiB, nullptr); }).join();
+  std::thread([&] { rc[1] = cudaFreeAsync(kept, nullptr); }).join();  // another thread's block
+  std::thread([&] { rc[2] = cudaMallocAsync_ptsz(&p[1], 3 * MiB, nullptr); }).join();
+  for (int i = 0; i < 2; ++i) {
+    owned[i] = shim::owns(p[i]);
+    if (p[i] != nullptr) {
+      fill(p[i], 3 * MiB, static_cast<unsigned char>(40 + i));
+      read_back[i] = check(p[i], 3 * MiB, static_cast<unsigned char>(40 + i));
+    }
+  }
+  EXPECT_EQ(rc[0], kSuccess);
+  EXPECT_EQ(rc[1], kSuccess);
+  EXPECT_EQ(rc[2], kSuccess);
+  EXPECT_TRUE(owned[0]) << "the NULL stream's first allocation went past the pool";
+  EXPECT_TRUE(owned[1]) << "the per-thread stream's first allocation went past the pool";
+  EXPECT_TRUE(read_back[0] && read_back[1]);
+  EXPECT_FALSE(shim::owns(kept)) << "the free on a fresh thread did not free the block";
+  auto after = shim::stats(0);
+  EXPECT_EQ(after.allocs, before.allocs + 3);
+  EXPECT_EQ(fakecuda_calls("cuMemAllocAsync") + fakecuda_calls("cuMemAllocAsync_ptsz"), 0);
+  EXPECT_EQ(cudaFree(p[0]), kSuccess);
+  EXPECT_EQ(cudaFree(p[1]), kSuccess);
+}
+
 TEST_F(DynamicRuntime, DriverCalledDirectlyByName) {
   CUdeviceptr p = 0;
   ASSERT_EQ(cuMemAlloc_v2(&p, 64 * 1024), kSuccess);

@@ -378,6 +378,9 @@ API CUresult cuStreamSynchronize(CUstream_st*) {
 static CUresult stream_is_capturing(CUstream_st* s, int* status) {
   if (!status) return kInvalidValue;
   if (!special(s) && as_stream(s)->destroyed) return kInvalidHandle;
+  // The NULL and per-thread streams are the current context's: a thread with none gets the
+  // real driver's answer (PyTorch's autograd thread, whose first call is an allocation).
+  if (special(s) && !current()) return kInvalidContext;
   *status = special(s) ? 0 : as_stream(s)->capturing.load();
   return kOk;
 }
