@@ -176,6 +176,20 @@ def lowest_in_use(rows, key, shim_name, what, target):
            f"lowest other: {low['config']} {gib(low[key])} GiB")
 
 
+def served_by_pool(framework, pool, what, target):
+    """The target that the pool served every byte the framework allocated: PyTorch's own peak
+    allocated (under backend:cudaMallocAsync the default pool's used high-water mark, which the
+    shim answers with its pool's plus the driver pool's own) is no more than the pool's. More on
+    PyTorch's side is memory that went past the hooks (2026-12-05: the autograd thread's first
+    allocation, 2 GiB on the HF row); the pool may hold more (cuBLAS's workspaces, rounding)."""
+    if framework is None or pool is None:
+        return
+    past = framework - pool
+    target(f"gpustitch: every byte PyTorch allocated was served by the pool, {what}",
+           f"{gib(max(past, 0))} GiB past it", past <= 0,
+           f"PyTorch's peak allocated {gib(framework)} GiB, the pool's {gib(pool)} GiB")
+
+
 def hf_results(outdir, meta, st):
     """Phase C: per configuration, hf_workloads.py train's JSON result and how the run ended."""
     phase = read(os.path.join(outdir, "logs", "hf_status")).strip() or (
@@ -331,6 +345,11 @@ def write(outdir):
         target("gpustitch: peak reserved <= 1.02 x peak allocated", "-", None,
                "no successful timed run of the gpustitch configuration")
     lowest_in_use(rows, "in_use_bytes", SHIM, "at the common batch", target)
+    if shim and ok_timed(shim):
+        t = shim["timed"]
+        served_by_pool(t.get("torch_peak_allocated_bytes"),
+                       (t.get("shim_stats") or {}).get("peak_allocated"), "at the common batch",
+                       target)
     if not meta.get("quick"):
         for name in (SHIM, SHIM_CACHE, PLUGGABLE):
             if name not in by or not by[name]["ladder"]:
@@ -361,6 +380,10 @@ def write(outdir):
 
     hf = hf_results(outdir, meta, st)
     lowest_in_use(hf["configs"], "in_use_bytes", SHIM, "HF training", target)
+    mine = next((r for r in hf["configs"] if r["config"] == SHIM and r["ok"]), None)
+    if mine and mine["result"].get("source") == "gpustitch":
+        served_by_pool(mine["result"].get("torch_peak_allocated"),
+                       mine["result"].get("peak_allocated"), "HF training", target)
     doc = {"meta": meta, "common_batch": common, "demand_bytes": demand, "configs": rows,
            "targets": targets, "hf_train": hf, "replay_status": replay_status, "replay": replay}
     with open(os.path.join(outdir, "e2e.json"), "w") as f:

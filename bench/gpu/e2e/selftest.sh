@@ -76,6 +76,7 @@ t, a, r, s = sys.argv[1:]
 G = 1 << 30
 print(json.dumps({"mode": "train", "tokens_per_s": float(t), "source": s,
                   "peak_allocated": int(float(a) * G), "peak_reserved": int(float(r) * G),
+                  **({"torch_peak_allocated": int(float(a) * G)} if s == "gpustitch" else {}),
                   "ratio": round(float(r) / float(a), 4)}))' "$tps" "$alloc" "$res" "$src"
   exit 0
 fi
@@ -130,7 +131,10 @@ print(json.dumps({"config": c, "batch": int(b), "steps_completed": 16, "oom": Fa
                   "fragmentation": 1 - float(a) / float(r),
                   "peak_reserved_source": "gpustitch_get_stats.peak_reserved" if shim else "torch",
                   **({"driver_pool_peak_reserved_bytes": G // 4, "pool_driver_calls_timed": 1234,
-                      "pool_driver_ms_timed": 61.34, "pool_driver_bg_ms_timed": 0.0}
+                      "pool_driver_ms_timed": 61.34, "pool_driver_bg_ms_timed": 0.0,
+                      # 0.25 GiB went to the driver's pool past the hooks: PyTorch counts it.
+                      "torch_peak_allocated_bytes": int(float(a) * G) + G + G // 4,
+                      "shim_stats": {"peak_allocated": int(float(a) * G) + G}}
                      if shim and c == "gpustitch" else {}),
                   "model": {"layers": 12, "d_model": 768, "heads": 12, "vocab": 8192,
                             "min_len": 256, "max_len": 8192}, "torch": "fake"}))
@@ -162,6 +166,12 @@ check "nvidia-smi target at the common batch" grep -q \
   "$md"
 check "nvidia-smi target, HF" grep -q \
   'lowest device memory in use (nvidia-smi) of all configurations, HF training | 14.75 GiB | PASS | lowest other: expandable-segments 15.00 GiB' \
+  "$md"
+check "bytes past the pool at the common batch: a miss (0.25 GiB in the driver's pool)" grep -q \
+  'every byte PyTorch allocated was served by the pool, at the common batch | 0.25 GiB past it | MISS | PyTorch.s peak allocated 21.35 GiB, the pool.s 21.10 GiB' \
+  "$md"
+check "bytes past the pool, HF: none" grep -q \
+  'every byte PyTorch allocated was served by the pool, HF training | 0.00 GiB past it | PASS' \
   "$md"
 check "target 1.02x passes" grep -q 'peak reserved <= 1.02 x peak allocated | 1.010 | PASS' "$md"
 check "memory in the driver's default pool is noted" \
