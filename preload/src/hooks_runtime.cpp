@@ -96,8 +96,9 @@ cudaError free_async(void* ptr, CUstream stream, bool per_thread) {
   auto p = reinterpret_cast<DevPtr>(ptr);
   if (pool && p) {
     // As the runtime does before the call: the context current, so that a free on a thread that
-    // has made no CUDA call yet is stream-ordered, not refused for want of a context.
-    if (reinterpret_cast<std::uintptr_t>(stream) <= 2) pl::ensure_runtime_context();
+    // has made no CUDA call yet is stream-ordered, not refused for want of a context (the NULL and
+    // per-thread streams' capture state needs one). A thread-local test once it has had one.
+    pl::ensure_runtime_context();
     CUresult error = CUDA_SUCCESS;
     switch (pl::serve_free_async(*pool, p, stream, per_thread, "cudaFreeAsync", &error)) {
       case pl::FreeServed::freed:
