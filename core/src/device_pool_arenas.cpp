@@ -343,7 +343,11 @@ void DevicePool::release_arena_chunks(bool drop_stream_caches) noexcept {
   {
     std::lock_guard lock(mu_);
     target = epoch_.fetch_add(1);
-    if (backend_.synchronize(device_) != Status::ok) return;
+    const std::uint64_t start = monotonic_ns();
+    const Status synced = backend_.synchronize(device_);
+    ++stats_.fence_syncs;
+    stats_.fence_sync_ns += monotonic_ns() - start;
+    if (synced != Status::ok) return;
     note_fence_completed(target);
     promote(target);
   }

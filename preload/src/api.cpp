@@ -103,6 +103,11 @@ __attribute__((visibility("default"))) int gpustitch_get_stats(int device,
   }
   r.peak_reserved_pending = s.peak_reserved_pending;
   r.peak_reserved_allocated = s.peak_reserved_allocated;
+  r.fence_syncs = s.fence_syncs;
+  r.fence_sync_ns = s.fence_sync_ns;
+  r.fence_waits = s.fence_waits;
+  r.fence_wait_ns = s.fence_wait_ns;
+  r.fence_waits_timed_out = s.fence_waits_timed_out;
   std::memcpy(out, &r, size < sizeof r ? size : sizeof r);
   return 0;
 }

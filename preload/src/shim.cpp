@@ -74,11 +74,16 @@ void print_summary() noexcept {
       const std::string line = fmt::format(
           "summary device {}: allocs {}, cache hits {}, fresh {}, stitches {}, OOMs {}, peak "
           "reserved {} (then {} allocated, {} waiting for the device), driver calls {} ({:.1f} "
-          "ms; {} of them, {:.1f} ms, on the background thread), passed through {} (backend {})",
+          "ms; {} of them, {:.1f} ms, on the background thread), waits for the device {} "
+          "({:.1f} ms; {} for the background thread's fence, {:.1f} ms, {} ran out), passed "
+          "through {} (backend {})",
           d, s.allocs, s.cache_hits, s.fresh, s.stitches, s.ooms, human_bytes(s.peak_reserved),
           human_bytes(s.peak_reserved_allocated), human_bytes(s.peak_reserved_pending),
           s.driver_calls, static_cast<double>(s.driver_ns) / 1e6, s.driver_background_calls,
-          static_cast<double>(s.driver_background_ns) / 1e6, passed, pool->backend().name());
+          static_cast<double>(s.driver_background_ns) / 1e6, s.fence_syncs + s.fence_waits,
+          static_cast<double>(s.fence_sync_ns + s.fence_wait_ns) / 1e6, s.fence_waits,
+          static_cast<double>(s.fence_wait_ns) / 1e6, s.fence_waits_timed_out, passed,
+          pool->backend().name());
       if (info) {
         lg.info("{}", line);
       } else {

@@ -40,7 +40,10 @@ class DeviceStats(ctypes.Structure):
         "peak_reserved", "largest_possible", "device_free", "device_total",
         "driver_calls", "driver_ns", "driver_background_calls", "driver_background_ns")] + [
         ("driver_op_calls", ctypes.c_uint64 * 5), ("driver_op_ns", ctypes.c_uint64 * 5),
-        ("peak_reserved_pending", ctypes.c_uint64), ("peak_reserved_allocated", ctypes.c_uint64)]
+        ("peak_reserved_pending", ctypes.c_uint64), ("peak_reserved_allocated", ctypes.c_uint64)] + [
+        (n, ctypes.c_uint64) for n in (
+            "fence_syncs", "fence_sync_ns", "fence_waits", "fence_wait_ns",
+            "fence_waits_timed_out")]
 
 
 DRIVER_OPS = ("create", "map", "set_access", "unmap", "release")  # gpustitch_device_stats order

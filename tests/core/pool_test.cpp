@@ -646,11 +646,17 @@ TEST(Pool, PendingShareMakesTheAllocationWaitInsteadOfGrowing) {
   ASSERT_EQ(pool.allocate(0, 256 * MiB, kAnyStream, &a), Status::ok);
   DeviceReleasedLater device(dev);
   ASSERT_EQ(pool.deallocate(a), Status::ok);
+  const DeviceStats before = pool.stats(0);
   // Everything the pool holds is waiting for the device: growing would double the footprint.
   ASSERT_EQ(pool.allocate(0, 256 * MiB, kAnyStream, &b), Status::ok);
   EXPECT_TRUE(device.released()) << "reused before the device finished";
   EXPECT_EQ(a, b);
-  EXPECT_EQ(pool.stats(0).fresh, 1u);
+  const DeviceStats after = pool.stats(0);
+  EXPECT_EQ(after.fresh, 1u);
+  // The wait is the program's: a fence on its thread, as long as the device was held (20 ms).
+  EXPECT_GE(after.fence_syncs, before.fence_syncs + 1);
+  EXPECT_GE(after.fence_sync_ns - before.fence_sync_ns, 10'000'000u);
+  EXPECT_EQ(after.fence_waits, before.fence_waits);
 }
 
 // Pending memory that could cover a cudaMalloc is waited for before fresh memory is taken once it
@@ -716,8 +722,15 @@ TEST(Pool, StreamOrderedMissWaitsForPendingMemoryInsteadOfGrowing) {
         dev.sim->hold_device(false);
       });
     }
+    const DeviceStats before = pool.stats(0);
     ASSERT_EQ(pool.allocate(0, 64 * MiB, s2, &b), Status::ok);
+    // What the allocation waited for, as the program's threads' wait time says it.
+    const DeviceStats after = pool.stats(0);
+    EXPECT_EQ(after.fence_waits - before.fence_waits, mode == Device::rule_off ? 0u : 1u);
+    EXPECT_EQ(after.fence_waits_timed_out - before.fence_waits_timed_out,
+              mode == Device::never_finishes ? 1u : 0u);
     if (finishes) {
+      EXPECT_GE(after.fence_wait_ns - before.fence_wait_ns, 20'000'000u);
       EXPECT_TRUE(released) << "reused before the device finished";
       EXPECT_EQ(a, b);
       EXPECT_EQ(pool.stats(0).fresh, fresh_before) << "fresh memory while 64 MiB waited";

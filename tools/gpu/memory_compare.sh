@@ -12,6 +12,7 @@
 #   --rounds  rounds (default 1)
 #   --only    run only the configurations whose name matches (extended regex)
 #   --workloads  which workloads, comma-separated (default gpt,hf)
+#   --steps   steps per run, the first 2 untimed (default 10 for gpt, 12 for hf)
 #   --conf    add a gpustitch configuration NAME with GPUSTITCH_CONF=CONF (repeatable); without
 #             any, one "gpustitch" row with the defaults. NAME=CONF|TORCH also sets
 #             PYTORCH_CUDA_ALLOC_CONF=TORCH for that row (e.g. "async=|backend:cudaMallocAsync");
@@ -25,7 +26,7 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT" || exit 2
-BUILD="" ROUNDS=1 ONLY="" CONFS=() WORKLOADS="gpt hf"
+BUILD="" ROUNDS=1 ONLY="" CONFS=() WORKLOADS="gpt hf" STEPS=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --build) BUILD=$2; shift 2 ;;
@@ -33,7 +34,8 @@ while [[ $# -gt 0 ]]; do
     --only) ONLY=$2; shift 2 ;;
     --workloads) WORKLOADS=${2//,/ }; shift 2 ;;
     --conf) CONFS+=("$2"); shift 2 ;;
-    -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
+    --steps) STEPS=$2; shift 2 ;;
+    -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "memory_compare: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -47,8 +49,8 @@ CLI=$BUILD/tools/gpustitch
 NAMES=(pytorch expandable async)
 for c in "${CONFS[@]}"; do NAMES+=("${c%%=*}"); done
 declare -A WORKLOAD=(
-  [gpt]="bench/gpu/e2e/train_seqlen.py --batch 5 --steps 10 --warmup 2 --budget-gb 24"
-  [hf]="tools/gpu/hf_workloads.py train --steps 12 --warmup 2"
+  [gpt]="bench/gpu/e2e/train_seqlen.py --batch 5 --steps ${STEPS:-10} --warmup 2 --budget-gb 24"
+  [hf]="tools/gpu/hf_workloads.py train --steps ${STEPS:-12} --warmup 2"
 )
 
 run_one() {  # config workload round

@@ -62,6 +62,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
                                 "python"))
 from gpustitch import DRIVER_OPS, DeviceStats as ShimStats  # noqa: E402
 
+# The pool's wait counters (gpustitch_device_stats), in the order the timed figures use them.
+FENCE_FIGURES = ("fence_syncs", "fence_sync_ns", "fence_waits", "fence_wait_ns",
+                 "fence_waits_timed_out")
+
 
 class TimeUp(Exception):
     """--time-limit reached before a run's steps were done."""
@@ -255,7 +259,8 @@ def main():
                 t_measure = time.perf_counter()
                 st = shim.stats()
                 drv_measure = ((st["driver_calls"], st["driver_ns"], st["driver_background_ns"],
-                                list(st["driver_op_calls"]), list(st["driver_op_ns"]))
+                                list(st["driver_op_calls"]), list(st["driver_op_ns"]),
+                                [st.get(k, 0) for k in FENCE_FIGURES])
                                if st else None)
             seq = torch.randint(0, args.vocab, (batch, t + 1), device=dev, generator=gen)
             x, y = seq[:, :-1], seq[:, 1:]
@@ -294,6 +299,12 @@ def main():
                     op: [st["driver_op_calls"][i] - drv_measure[3][i],
                          round((st["driver_op_ns"][i] - drv_measure[4][i]) / 1e6, 3)]
                     for i, op in enumerate(DRIVER_OPS)}
+                # Time the program's threads waited for the device inside the pool: fences on
+                # their own thread, and waits for the reclaimer's fence ([count, ms] each).
+                f = [st.get(k, 0) - v for k, v in zip(FENCE_FIGURES, drv_measure[5])]
+                out["pool_fence_syncs_timed"] = [f[0], round(f[1] / 1e6, 3)]
+                out["pool_fence_waits_timed"] = [f[2], round(f[3] / 1e6, 3)]
+                out["pool_fence_waits_timed_out"] = f[4]
         return out
 
     def classify(e, ooms_before):

@@ -72,6 +72,18 @@ struct DeviceStats {
   // The allocating threads' share by kind (DriverOp): where the pool's driver time goes.
   std::uint64_t driver_op_calls[kDriverOps] = {};
   std::uint64_t driver_op_ns[kDriverOps] = {};
+  // Time the program's threads spent waiting for the device inside the pool: fences run on the
+  // calling thread (a miss or a trim fencing the frees it needs, an out-of-memory retry) and
+  // allocations that waited for the reclaimer thread's fence (stream_miss_fence), with the waits
+  // that ran out (kMaxFenceWait) apart. Not counted: the reclaimer's own fences (its thread), and
+  // the fences a cudaFree loop's arena runs on an idle device (the wait native cudaFree makes).
+  // With driver_ns minus driver_background_ns, the host time the pool added to the program's
+  // threads beyond its bookkeeping.
+  std::uint64_t fence_syncs = 0;
+  std::uint64_t fence_sync_ns = 0;
+  std::uint64_t fence_waits = 0;
+  std::uint64_t fence_wait_ns = 0;
+  std::uint64_t fence_waits_timed_out = 0;
   std::uint64_t hist_allocs[kHistogramBuckets] = {};  // allocations since start, by size
   std::uint64_t hist_live[kHistogramBuckets] = {};    // live allocations now, by size
 

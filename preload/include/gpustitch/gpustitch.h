@@ -76,6 +76,14 @@ typedef struct gpustitch_device_stats {
    * device still ran work queued before the free), and bytes then allocated. */
   uint64_t peak_reserved_pending;
   uint64_t peak_reserved_allocated;
+  /* Time the program's threads waited for the device inside the pool: fences run on the calling
+   * thread (a miss or trim fencing the frees it needs), and allocations that waited for the
+   * background thread's fence, with the waits that ran out apart. */
+  uint64_t fence_syncs;
+  uint64_t fence_sync_ns;
+  uint64_t fence_waits;
+  uint64_t fence_wait_ns;
+  uint64_t fence_waits_timed_out;
 } gpustitch_device_stats;
 
 /* Fills *out (size: sizeof(gpustitch_device_stats), for forward compatibility) for device.
