@@ -1,0 +1,129 @@
+// The memory targets on the recorded traces (tests/data/traces), replayed as the README's table
+// does (--whole-handles, 140 GiB; and again at each trace's PyTorch-model minimum), in both free
+// orders: cudaFree semantics as recorded, and every event on one stream, as `gpustitch run`'s
+// PyTorch path frees (cudaFreeAsync). What a user relies on: gpustitch holds the least physical
+// memory of every policy, at most 1.03x of the program's peak demand, and never fails an
+// allocation that fits. Two rows miss the 1.03x target today (README, "Replay ratios above
+// 1.03x"): hf_llama_generate (granules that the KV cache's many 1-8 MiB blocks share, 1.052x and
+// 1.055x) and transformer_bucketed in stream order at 140 GiB (handles its 128 MiB blocks pin,
+// 1.049x). They are held to a ceiling just above today's figure, so that they cannot get worse
+// unnoticed; the target stays 1.03x.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <ostream>
+#include <string>
+
+#include "gpustitch/trace/trace_reader.h"
+#include "policy.h"
+#include "replayer.h"
+
+namespace gpustitch::replay {
+namespace {
+
+constexpr double kTarget = 1.03;
+
+struct TraceCase {
+  const char* name;
+  double ceiling;               // cudaFree order, 140 GiB
+  double stream_order_ceiling;  // one stream, 140 GiB
+  double small_device_ceiling;  // both orders, PyTorch's smallest device
+};
+
+void PrintTo(const TraceCase& c, std::ostream* os) {
+  *os << c.name;
+}
+
+// The policies a user could pick instead, and gpustitch without stitching.
+constexpr const char* kOthers[] = {"pytorch", "expandable-segments", "gpustitch-no-stitch"};
+
+trace::Trace load(const std::string& name) {
+  trace::Trace t;
+  std::string why;
+  EXPECT_TRUE(trace::read_trace_file(std::string(GPUSTITCH_TRACES) + "/" + name + ".csv", &t, &why))
+      << why;
+  EXPECT_EQ(t.bad_lines, 0u) << name;
+  return t;
+}
+
+// The same events on one stream: frees are stream-ordered (cudaFreeAsync), as PyTorch's
+// cudaMallocAsync backend makes them under `gpustitch run`.
+trace::Trace on_one_stream(trace::Trace t) {
+  for (trace::TraceEvent& e : t.events) e.stream = 0x10;
+  return t;
+}
+
+ReplayResult replay(const std::string& policy, const trace::Trace& t, std::uint64_t capacity) {
+  PolicyEnv env;
+  env.devices = t.device_count();
+  env.capacity = capacity;
+  env.map_offset = false;  // --whole-handles: the H200's driver (580) maps handles whole
+  const PolicySpec* spec = find_policy(policy);
+  EXPECT_NE(spec, nullptr) << policy;
+  std::string why;
+  auto p = spec->make(env, &why);
+  EXPECT_NE(p, nullptr) << why;
+  return replay_trace(t, *p);
+}
+
+double ratio(const ReplayResult& r) {
+  return static_cast<double>(r.peak_reserved) / static_cast<double>(r.peak_allocated);
+}
+
+// gpustitch has no OOM, holds the least of all policies that have none, and at most `ceiling`
+// of the peak demand. Returns its ratio.
+double check(const std::string& label, const trace::Trace& t, std::uint64_t capacity,
+             double ceiling) {
+  const ReplayResult ours = replay("gpustitch", t, capacity);
+  EXPECT_EQ(ours.ooms, 0u) << label << ": an allocation failed that fits";
+  EXPECT_GT(ours.peak_allocated, 0u) << label;
+  for (const char* other : kOthers) {
+    const ReplayResult r = replay(other, t, capacity);
+    EXPECT_EQ(r.peak_allocated, ours.peak_allocated) << label << ", " << other;
+    if (r.ooms != 0) continue;  // it could not run the trace at all on this device
+    EXPECT_LE(ours.peak_reserved, r.peak_reserved)
+        << label << ": gpustitch holds more than " << other;
+  }
+  const double x = ratio(ours);
+  EXPECT_LE(x, ceiling) << label << ": peak reserved / peak demand";
+  std::printf("%-44s %.4f (ceiling %.3f)\n", label.c_str(), x, ceiling);
+  return x;
+}
+
+class TraceTargets : public testing::TestWithParam<TraceCase> {};
+
+TEST_P(TraceTargets, GpustitchHoldsTheLeastAndAtMostItsCeilingOfDemand) {
+  const TraceCase& c = GetParam();
+  const trace::Trace recorded = load(c.name);
+  const trace::Trace streamed = on_one_stream(recorded);
+  check(std::string(c.name) + ", 140 GiB", recorded, 140 * GiB, c.ceiling);
+  check(std::string(c.name) + ", stream order, 140 GiB", streamed, 140 * GiB,
+        c.stream_order_ceiling);
+  // On the smallest device PyTorch's default allocator (the model) runs the trace on, plus the
+  // bisection's step: gpustitch must run it too, holding the least.
+  const std::uint64_t step = 64 * MiB;
+  PolicyEnv whole_handles;
+  whole_handles.map_offset = false;
+  const std::uint64_t torch_min =
+      min_capacity(recorded, *find_policy("pytorch"), whole_handles, 140 * GiB, step);
+  ASSERT_GT(torch_min, 0u);
+  check(std::string(c.name) + ", PyTorch's smallest device", recorded, torch_min + step,
+        c.small_device_ceiling);
+  check(std::string(c.name) + ", stream order, PyTorch's smallest device", streamed,
+        torch_min + step, c.small_device_ceiling);
+}
+
+// Ceilings: the target where it is met, today's figure rounded up where it is not.
+INSTANTIATE_TEST_SUITE_P(Recorded, TraceTargets,
+                         testing::Values(TraceCase{"gpt_seqlen_b5", kTarget, kTarget, kTarget},
+                                         TraceCase{"hf_llama_train", kTarget, kTarget, kTarget},
+                                         TraceCase{"hf_llama_generate", 1.055, 1.058, 1.055},
+                                         TraceCase{"transformer_bucketed", kTarget, 1.052, kTarget},
+                                         TraceCase{"transformer_dynseq", kTarget, kTarget, kTarget},
+                                         TraceCase{"transformer_dynseq_long", kTarget, kTarget,
+                                                   kTarget}),
+                         [](const testing::TestParamInfo<TraceCase>& i) { return i.param.name; });
+
+}  // namespace
+}  // namespace gpustitch::replay
