@@ -28,6 +28,7 @@ DeviceCounters to_counters(const gpustitch::DeviceStats& s, int ordinal) noexcep
 #define GPUSTITCH_SHM_COPY(name) c.name = s.name;
   GPUSTITCH_SHM_DEVICE_COUNTERS(GPUSTITCH_SHM_COPY)
   GPUSTITCH_SHM_DRIVER_COUNTERS(GPUSTITCH_SHM_COPY)
+  GPUSTITCH_SHM_WAIT_COUNTERS(GPUSTITCH_SHM_COPY)
 #undef GPUSTITCH_SHM_COPY
   c.driver_background_calls = s.driver_background_calls;
   c.driver_background_ns = s.driver_background_ns;

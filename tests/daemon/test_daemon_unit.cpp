@@ -103,7 +103,9 @@ class TableTest : public ::testing::Test {
     d.bytes_reserved = 2 * allocated;
     d.stitches = 3;
     d.driver_calls = 42;
-    d.driver_ns = 1'500'000'000;  // 1.5 s
+    d.driver_ns = 1'500'000'000;    // 1.5 s
+    d.fence_wait_ns = 250'000'000;  // 0.25 s
+    d.fence_waits_timed_out = 2;
     w->publish({&d, 1}, shm::realtime_ns());
     return w;
   }
@@ -292,6 +294,13 @@ TEST_F(TableTest, PrometheusExportsEveryMetricWithHelpTypeAndLabels) {
   const std::size_t secs = text.find("gpustitch_driver_seconds_total{pid=\"" + pid);
   ASSERT_NE(secs, std::string::npos) << text;
   EXPECT_EQ(text.substr(text.find("} ", secs) + 2, 12), "1.500000000\n");
+  // The program's threads' waits for the device: the same conversion, and the plain counts.
+  const std::size_t waits = text.find("gpustitch_fence_wait_seconds_total{pid=\"" + pid);
+  ASSERT_NE(waits, std::string::npos) << text;
+  EXPECT_EQ(text.substr(text.find("} ", waits) + 2, 12), "0.250000000\n");
+  const std::size_t ran_out = text.find("gpustitch_fence_waits_timed_out_total{pid=\"" + pid);
+  ASSERT_NE(ran_out, std::string::npos) << text;
+  EXPECT_EQ(text.substr(text.find("} ", ran_out) + 2, 2), "2\n");
   EXPECT_NE(text.find("gpustitch_fragmentation_ratio{pid=\"" + pid + "\""), std::string::npos);
   EXPECT_NE(text.find("\ngpustitch_processes 1\n"), std::string::npos);
   // Every sample line parses as name{labels} value.

@@ -40,6 +40,11 @@ struct ScriptedSource {
               }
               s.peak_reserved_allocated = 3 * MiB + d;
               s.peak_reserved_pending = 1 * MiB + d;
+              s.fence_syncs = 50 + d;
+              s.fence_sync_ns = 7'000'000 + d;
+              s.fence_waits = 60 + d;
+              s.fence_wait_ns = 8'000'000 + d;
+              s.fence_waits_timed_out = 2 + d;
               return s;
             }};
   }
@@ -104,6 +109,14 @@ TEST(StatsPublisher, PublishesTheSourcesFiguresPeriodically) {
   EXPECT_EQ(s.devices[1].driver_background_ns, 400'001u);
   EXPECT_EQ(s.devices[1].peak_reserved_allocated, 3 * MiB + 1);
   EXPECT_EQ(s.devices[1].peak_reserved_pending, 1 * MiB + 1);
+  // The program's threads' waits for the device, each in its own field, per device.
+  for (int d = 0; d < 2; ++d) {
+    EXPECT_EQ(s.devices[d].fence_syncs, 50u + d);
+    EXPECT_EQ(s.devices[d].fence_sync_ns, 7'000'000u + d);
+    EXPECT_EQ(s.devices[d].fence_waits, 60u + d);
+    EXPECT_EQ(s.devices[d].fence_wait_ns, 8'000'000u + d);
+    EXPECT_EQ(s.devices[d].fence_waits_timed_out, 2u + d);
+  }
   EXPECT_DOUBLE_EQ(s.devices[1].fragmentation(), 1.0 - double(5 * MiB + 1) / double(8 * MiB));
   EXPECT_GT(s.publish_count, 1u);
 }

@@ -164,6 +164,8 @@ TEST(Record, PublishedFiguresReadBackExactly) {
     d[i].bytes_reserved = (i + 1) * 2000003ull;
     d[i].ooms = i;
     d[i].uuid[0] = static_cast<std::uint8_t>(0xa0 + i);
+    d[i].fence_syncs = 40 + i;             // layout 7
+    d[i].fence_waits_timed_out = 900 + i;  // the last counter of the entry
   }
   w->publish(d, 123456789);
   auto r = RecordReader::open(w->name(), std::nullopt, nullptr);
@@ -179,7 +181,33 @@ TEST(Record, PublishedFiguresReadBackExactly) {
     EXPECT_EQ(s.devices[i].ooms, static_cast<std::uint64_t>(i));
     EXPECT_EQ(s.devices[i].ordinal, i);
     EXPECT_EQ(s.devices[i].uuid[0], 0xa0 + i);
+    EXPECT_EQ(s.devices[i].fence_syncs, 40u + i);
+    EXPECT_EQ(s.devices[i].fence_waits_timed_out, 900u + i);
   }
+}
+
+// What a reader expects of each readable layout: this one's (7) and layout 6's as it was pinned
+// when it was current, so that a record from a process still running that library is read.
+TEST(Record, LayoutsKeepTheirPinnedSizesAndOffsets) {
+  ASSERT_EQ(kLayoutVersion, 7u);
+  const LayoutInfo* now = find_layout(7);
+  ASSERT_NE(now, nullptr);
+  EXPECT_EQ(now->device_stride, 1008u);
+  EXPECT_EQ(now->record_size, 45744u);
+  EXPECT_EQ(now->events_offset, 17584u);
+  EXPECT_EQ(now->sites_offset, 23792u);
+  EXPECT_EQ(offsetof(DeviceCounters, fence_syncs), 968u);
+  EXPECT_EQ(offsetof(DeviceCounters, fence_waits_timed_out), 1000u);
+  const LayoutInfo* v6 = find_layout(6);
+  ASSERT_NE(v6, nullptr);
+  EXPECT_EQ(v6->device_stride, 968u);
+  EXPECT_EQ(v6->record_size, 45104u);
+  EXPECT_EQ(v6->events_offset, 16944u);
+  EXPECT_EQ(v6->sites_offset, 23152u);
+  const LayoutInfo* v5 = find_layout(5);
+  ASSERT_NE(v5, nullptr);
+  EXPECT_EQ(v5->record_size, 43312u);
+  EXPECT_EQ(find_layout(8), nullptr);
 }
 
 // A writer publishing as fast as it can while a reader copies: every accepted copy is
@@ -462,10 +490,11 @@ TEST_F(HostileRecord, ShrunkAfterOpenFailsCleanly) {
 }
 
 // A record of a previous layout (2: before the program_* counters, 3: before program_served_*,
-// 4: before driver_*, 5: before the driver detail counters) from a process still running an
-// older library: read with its own device stride and offsets, the newer counters zero.
+// 4: before driver_*, 5: before the driver detail counters, 6: before fence_*) from a process
+// still running an older library: read with its own device stride and offsets, the newer
+// counters zero.
 TEST_F(HostileRecord, PreviousLayoutsAreReadWithNewerCountersZero) {
-  for (const std::uint32_t version : {2u, 3u, 4u, 5u}) {
+  for (const std::uint32_t version : {2u, 3u, 4u, 5u, 6u}) {
     SCOPED_TRACE(version);
     const LayoutInfo& v2 = *find_layout(version);
     ASSERT_LT(v2.record_size, sizeof(Record));
@@ -486,8 +515,10 @@ TEST_F(HostileRecord, PreviousLayoutsAreReadWithNewerCountersZero) {
       c.program_mapped_bytes = 70 + d;     // the last counter of layout 3
       c.program_served_handles = 80 + d;   // the last counter of layout 4
       c.driver_ns = 90 + d;                // the last counter of layout 5
-      c.driver_background_calls = 95 + d;  // not in any of them: must not be read
-      c.peak_reserved_pending = 96 + d;    // nor this
+      c.driver_background_calls = 95 + d;  // the first counter of layout 6
+      c.peak_reserved_pending = 96 + d;    // the last counter of layout 6
+      c.fence_syncs = 97 + d;              // not in any of them: must not be read
+      c.fence_waits_timed_out = 98 + d;    // nor this
       c.ordinal = d;
       std::memcpy(image.data() + offsetof(Record, snapshot) + offsetof(Snapshot, devices) +
                       d * v2.device_stride,
@@ -526,8 +557,10 @@ TEST_F(HostileRecord, PreviousLayoutsAreReadWithNewerCountersZero) {
       EXPECT_EQ(snap.devices[d].program_served_handles, version >= 4 ? 80u + d : 0u);
       EXPECT_EQ(snap.devices[d].driver_calls, 0u);
       EXPECT_EQ(snap.devices[d].driver_ns, version >= 5 ? 90u + d : 0u);
-      EXPECT_EQ(snap.devices[d].driver_background_calls, 0u);
-      EXPECT_EQ(snap.devices[d].peak_reserved_pending, 0u);
+      EXPECT_EQ(snap.devices[d].driver_background_calls, version >= 6 ? 95u + d : 0u);
+      EXPECT_EQ(snap.devices[d].peak_reserved_pending, version >= 6 ? 96u + d : 0u);
+      EXPECT_EQ(snap.devices[d].fence_syncs, 0u);
+      EXPECT_EQ(snap.devices[d].fence_waits_timed_out, 0u);
     }
     std::vector<EventCopy> events;
     ASSERT_EQ(r->read_events(&events), ReadError::none);

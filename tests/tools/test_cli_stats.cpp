@@ -217,6 +217,37 @@ TEST_F(CliStats, ShowSaysHowLongThePoolSpentInTheDriver) {
   EXPECT_EQ(dev["peak_reserved_pending"].get<std::uint64_t>(), 192 * MiB);
 }
 
+// The time the program's threads waited for the GPU inside the pool (a program slower under
+// gpustitch than under PyTorch's allocator): a line in show and five fields in --json.
+TEST_F(CliStats, ShowSaysHowLongTheProgramsThreadsWaitedForTheDevice) {
+  shm::DeviceCounters d{};
+  d.bytes_allocated = 1 * GiB;
+  d.bytes_reserved = 1 * GiB;
+  d.fence_syncs = 17;
+  d.fence_sync_ns = 42'310'000;
+  d.fence_waits = 230;
+  d.fence_wait_ns = 1'234'560'000;
+  d.fence_waits_timed_out = 3;
+  publish_one_device("/usr/bin/python3", "python3 train.py", d);
+  ASSERT_TRUE(writer_);
+
+  auto [rc, show] = cli(with({"show", std::to_string(::getpid())}, src()));
+  ASSERT_EQ(rc, 0) << show;
+  EXPECT_NE(show.find("waits for the device 17 fences on the program's threads (42.3 ms), 230 "
+                      "waits for the reclaimer's fence (1234.6 ms, 3 ran out)"),
+            std::string::npos)
+      << show;
+  auto [jrc, jout] = cli(with({"show", std::to_string(::getpid()), "--json"}, src()));
+  ASSERT_EQ(jrc, 0);
+  const json sj = json::parse(jout);
+  const json& dev = sj["process"]["devices"][0];
+  EXPECT_EQ(dev["fence_syncs"].get<std::uint64_t>(), 17u);
+  EXPECT_EQ(dev["fence_sync_ns"].get<std::uint64_t>(), 42'310'000u);
+  EXPECT_EQ(dev["fence_waits"].get<std::uint64_t>(), 230u);
+  EXPECT_EQ(dev["fence_wait_ns"].get<std::uint64_t>(), 1'234'560'000u);
+  EXPECT_EQ(dev["fence_waits_timed_out"].get<std::uint64_t>(), 3u);
+}
+
 // A record cannot make the CLI write terminal escape sequences.
 TEST_F(CliStats, ControlCharactersInRecordsAreNeutralized) {
   publish_own("evil\x1b]2;owned\x07\x1b[2J");

@@ -147,6 +147,21 @@ void print_process(const json& answer, const std::string& source, int chart_widt
              human_bytes(u64(d, "peak_reserved_allocated")) + " allocated, " +
                  human_bytes(u64(d, "peak_reserved_pending")) + " waiting for the device"}});
     }
+    // Layout 7: how long the program's threads waited for the GPU inside the pool, fencing frees
+    // themselves and waiting for the reclaimer's fence (those that ran out took fresh memory):
+    // where a program slower under gpustitch than under PyTorch's allocator spent that time.
+    if (u64(p, "layout_version") == 0 || u64(p, "layout_version") >= 7) {
+      auto ms = [&](const char* field) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.1f ms", static_cast<double>(u64(d, field)) / 1e6);
+        return std::string(buf);
+      };
+      line({{"waits for the device",
+             std::to_string(u64(d, "fence_syncs")) + " fences on the program's threads (" +
+                 ms("fence_sync_ns") + "), " + std::to_string(u64(d, "fence_waits")) +
+                 " waits for the reclaimer's fence (" + ms("fence_wait_ns") + ", " +
+                 std::to_string(u64(d, "fence_waits_timed_out")) + " ran out)"}});
+    }
     // Memory the program maps itself with cuMemCreate/cuMemMap (XLA, expandable segments, NCCL):
     // on the GPU and charged to the process, but not served by the pool and not releasable by it.
     if (u64(p, "layout_version") != 0 && u64(p, "layout_version") < 3) {

@@ -32,8 +32,9 @@ namespace gpustitch::shm {
 inline constexpr std::uint64_t kRecordMagic = 0x3148435449545347ull;  // "GSTITCH1", little endian
 // 2: cooperative-release counters; 3: memory the program maps itself (program_*); 4: of that,
 // what the pool served (program_served_*); 5: the pool's own driver calls (driver_*); 6: their
-// split by thread and kind, and what reserved held when it last rose to its peak.
-inline constexpr std::uint32_t kLayoutVersion = 6;
+// split by thread and kind, and what reserved held when it last rose to its peak; 7: the time the
+// program's threads waited for the device inside the pool (fence_*).
+inline constexpr std::uint32_t kLayoutVersion = 7;
 
 inline constexpr int kMaxDevices = 16;
 inline constexpr int kHistogramBuckets = 32;  // = gpustitch::kHistogramBuckets (checked in .cpp)
@@ -118,6 +119,18 @@ inline constexpr std::size_t kUuidBytes = 16;
   X(peak_reserved_allocated) /* when reserved last rose to its peak: bytes then allocated */ \
   X(peak_reserved_pending)   /* and bytes then freed but waiting for the device (its fence) */
 
+// The time the program's threads waited for the device inside the pool (DeviceStats, same names
+// and meaning): fences run on the calling thread (a miss or a trim fencing the frees it needs, an
+// out-of-memory retry), and allocations that waited for the reclaimer thread's fence
+// (stream_miss_fence), those that ran out (kMaxFenceWait) apart. Not the reclaimer's own fences.
+// Layout 7.
+#define GPUSTITCH_SHM_WAIT_COUNTERS(X)                                                    \
+  X(fence_syncs)           /* device synchronizations run on the program's threads */     \
+  X(fence_sync_ns)         /* wall time in them, nanoseconds */                           \
+  X(fence_waits)           /* allocations that waited for the reclaimer thread's fence */ \
+  X(fence_wait_ns)         /* wall time in those waits, nanoseconds */                    \
+  X(fence_waits_timed_out) /* of fence_waits, those that ran out (took fresh memory) */
+
 struct DeviceCounters {
 #define GPUSTITCH_SHM_FIELD(name) std::uint64_t name;
   GPUSTITCH_SHM_DEVICE_COUNTERS(GPUSTITCH_SHM_FIELD)
@@ -133,6 +146,7 @@ struct DeviceCounters {
   GPUSTITCH_SHM_PROGRAM_COUNTERS(GPUSTITCH_SHM_FIELD)
   GPUSTITCH_SHM_DRIVER_COUNTERS(GPUSTITCH_SHM_FIELD)
   GPUSTITCH_SHM_DRIVER_DETAIL_COUNTERS(GPUSTITCH_SHM_FIELD)
+  GPUSTITCH_SHM_WAIT_COUNTERS(GPUSTITCH_SHM_FIELD)
 #undef GPUSTITCH_SHM_FIELD
 
   // What cooperative release may ask this process's pool for: its idle cache. Memory the program
@@ -255,16 +269,17 @@ struct Record {
 // ---- layout pins: a change here is a layout change, bump kLayoutVersion --------------------
 static_assert(std::is_trivially_copyable_v<Record> && std::is_standard_layout_v<Record>);
 static_assert(sizeof(DeviceCounters) ==
-              24 * 8 + 2 * kHistogramBuckets * 8 + 32 + 7 * 8 + 6 * 8 + 2 * 8 + 14 * 8);
-static_assert(sizeof(DeviceCounters) == 968);
+              24 * 8 + 2 * kHistogramBuckets * 8 + 32 + 7 * 8 + 6 * 8 + 2 * 8 + 14 * 8 + 5 * 8);
+static_assert(sizeof(DeviceCounters) == 1008);
 static_assert(offsetof(DeviceCounters, program_held_bytes) == 792);
 static_assert(offsetof(DeviceCounters, program_served_bytes) == 824);
 static_assert(offsetof(DeviceCounters, driver_calls) == 840);
 static_assert(offsetof(DeviceCounters, driver_background_calls) == 856);
+static_assert(offsetof(DeviceCounters, fence_syncs) == 968);
 static_assert(sizeof(RecordHeader) == 64);
 static_assert(sizeof(Identity) == 48 + kExeBytes + kCmdlineBytes);
 static_assert(sizeof(Snapshot) == 64 + kMaxDevices * sizeof(DeviceCounters));
-static_assert(sizeof(Snapshot) == 15552);
+static_assert(sizeof(Snapshot) == 16192);
 static_assert(sizeof(EventSlot) == 96);
 static_assert(sizeof(EventRing) == 64 + kEventSlots * sizeof(EventSlot));
 static_assert(sizeof(SiteFrame) == 168);
@@ -273,9 +288,9 @@ static_assert(sizeof(SiteTable) == 64 + kMaxSites * sizeof(Site));
 static_assert(offsetof(Record, header) == 0);
 static_assert(offsetof(Record, identity) == 64);
 static_assert(offsetof(Record, snapshot) == 64 + 1328);
-static_assert(offsetof(Record, events) == 1392 + 15552);
-static_assert(offsetof(Record, sites) == 16944 + 6208);
-static_assert(sizeof(Record) == 23152 + 21952);
+static_assert(offsetof(Record, events) == 1392 + 16192);
+static_assert(offsetof(Record, sites) == 17584 + 6208);
+static_assert(sizeof(Record) == 23792 + 21952);
 static_assert(offsetof(Snapshot, devices) == 64);
 static_assert(offsetof(EventRing, slots) == 64);
 static_assert(offsetof(SiteTable, sites) == 64);
@@ -301,6 +316,8 @@ constexpr LayoutInfo layout_with_stride(std::uint32_t version, std::size_t strid
 }
 inline constexpr LayoutInfo kReadableLayouts[] = {
     layout_with_stride(kLayoutVersion, sizeof(DeviceCounters)),
+    // 6: without the fence_* counters.
+    layout_with_stride(6, offsetof(DeviceCounters, fence_syncs)),
     // 5: without the driver detail counters.
     layout_with_stride(5, offsetof(DeviceCounters, driver_background_calls)),
     // 4: without the driver_* counters.
@@ -313,19 +330,22 @@ inline constexpr LayoutInfo kReadableLayouts[] = {
 static_assert(kReadableLayouts[0].record_size == sizeof(Record));
 static_assert(kReadableLayouts[0].events_offset == offsetof(Record, events));
 static_assert(kReadableLayouts[0].sites_offset == offsetof(Record, sites));
-// Layouts 5, 4, 3 and 2 as they were pinned when they were current.
-static_assert(kReadableLayouts[1].record_size == 21360 + 21952);
-static_assert(kReadableLayouts[1].events_offset == 1392 + 13760);
-static_assert(kReadableLayouts[1].sites_offset == 15152 + 6208);
-static_assert(kReadableLayouts[2].record_size == 21104 + 21952);
-static_assert(kReadableLayouts[2].events_offset == 1392 + 13504);
-static_assert(kReadableLayouts[2].sites_offset == 14896 + 6208);
-static_assert(kReadableLayouts[3].record_size == 20848 + 21952);
-static_assert(kReadableLayouts[3].events_offset == 1392 + 13248);
-static_assert(kReadableLayouts[3].sites_offset == 14640 + 6208);
-static_assert(kReadableLayouts[4].record_size == 20336 + 21952);
-static_assert(kReadableLayouts[4].events_offset == 1392 + 12736);
-static_assert(kReadableLayouts[4].sites_offset == 14128 + 6208);
+// Layouts 6, 5, 4, 3 and 2 as they were pinned when they were current.
+static_assert(kReadableLayouts[1].record_size == 23152 + 21952);
+static_assert(kReadableLayouts[1].events_offset == 1392 + 15552);
+static_assert(kReadableLayouts[1].sites_offset == 16944 + 6208);
+static_assert(kReadableLayouts[2].record_size == 21360 + 21952);
+static_assert(kReadableLayouts[2].events_offset == 1392 + 13760);
+static_assert(kReadableLayouts[2].sites_offset == 15152 + 6208);
+static_assert(kReadableLayouts[3].record_size == 21104 + 21952);
+static_assert(kReadableLayouts[3].events_offset == 1392 + 13504);
+static_assert(kReadableLayouts[3].sites_offset == 14896 + 6208);
+static_assert(kReadableLayouts[4].record_size == 20848 + 21952);
+static_assert(kReadableLayouts[4].events_offset == 1392 + 13248);
+static_assert(kReadableLayouts[4].sites_offset == 14640 + 6208);
+static_assert(kReadableLayouts[5].record_size == 20336 + 21952);
+static_assert(kReadableLayouts[5].events_offset == 1392 + 12736);
+static_assert(kReadableLayouts[5].sites_offset == 14128 + 6208);
 
 // The readable layout with this version, or null.
 constexpr const LayoutInfo* find_layout(std::uint32_t version) {
