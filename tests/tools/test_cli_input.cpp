@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "temp_file.h"
 
 #include <chrono>
 #include <fstream>
@@ -25,7 +26,7 @@ struct CliRun {
 };
 
 std::string tmp(const std::string& name) {
-  return testing::TempDir() + "gpustitch_input_" + std::to_string(getpid()) + "_" + name;
+  return gpustitch::test::temp_file("input", name);
 }
 
 std::string slurp(const std::string& path) {

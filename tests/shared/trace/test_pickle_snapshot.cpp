@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "temp_file.h"
 
 #include <atomic>
 #include <cerrno>
@@ -27,7 +28,7 @@ using namespace gpustitch::trace;
 namespace {
 
 std::string temp_path(const std::string& name) {
-  return testing::TempDir() + "gpustitch_snap_" + std::to_string(getpid()) + "_" + name;
+  return gpustitch::test::temp_file("snap", name);
 }
 
 // Runs check_snapshot.py MODE FILE and returns its stdout; empty string when Python is missing.

@@ -10,6 +10,7 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "temp_file.h"
 
 #include <cerrno>
 #include <cstring>
@@ -30,7 +31,7 @@ using namespace gpustitch::trace;
 namespace {
 
 std::string temp_path(const std::string& name) {
-  return (testing::TempDir() + "gpustitch_trace_" + std::to_string(getpid()) + "_" + name);
+  return gpustitch::test::temp_file("trace", name);
 }
 
 std::vector<std::string> lines_of(const std::string& path) {

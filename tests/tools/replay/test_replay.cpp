@@ -2,6 +2,7 @@
 // the same peaks; and on the synthetic transformer trace the policies tell the seeds' story.
 #include <gtest/gtest.h>
 #include <unistd.h>
+#include "temp_file.h"
 
 #include <gpustitch/pool.h>
 #include <gpustitch/sim_backend.h>
@@ -81,8 +82,7 @@ TEST(Replay, SamePointerLiveTwiceIsMatchedFirstInFirstOut) {
 
 TEST(Replay, RecordedTraceReplaysToTheLiveRunsPeaks) {
   const std::size_t capacity = 8 * GiB;
-  const std::string path =
-      testing::TempDir() + "gpustitch_roundtrip_" + std::to_string(getpid()) + ".csv";
+  const std::string path = gpustitch::test::temp_file("roundtrip", "trace.csv");
   std::uint64_t live_peak_reserved = 0, live_peak_requested = 0;
   {
     trace::TraceWriterOptions o;

@@ -2,6 +2,7 @@
 // `gpustitch snapshot --trace`, as a user runs them.
 #include <gtest/gtest.h>
 #include <unistd.h>
+#include "temp_file.h"
 
 #include <sys/wait.h>
 
@@ -10,6 +11,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <vector>
 
 namespace {
 
@@ -32,7 +34,7 @@ std::string slurp(const std::string& path) {
 }
 
 std::string tmp(const std::string& name) {
-  return testing::TempDir() + "gpustitch_cli_" + std::to_string(getpid()) + "_" + name;
+  return gpustitch::test::temp_file("cli", name);
 }
 
 int count_of(const std::string& text, const std::string& needle) {

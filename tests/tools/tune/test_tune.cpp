@@ -2,6 +2,7 @@
 // traces whose answers are known: one a max_split_size_mb setting saves from an OOM, one nothing
 // can save, the recorded trace README quotes, and a PyTorch snapshot fixture.
 #include <gtest/gtest.h>
+#include "temp_file.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -32,7 +33,7 @@ std::string run(const std::string& cmd, int* rc) {
 }
 
 std::string tmp(const std::string& name) {
-  return testing::TempDir() + "gpustitch_tune_" + std::to_string(getpid()) + "_" + name;
+  return gpustitch::test::temp_file("tune", name);
 }
 
 std::string slurp(const std::string& path) {
