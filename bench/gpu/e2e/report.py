@@ -132,8 +132,15 @@ def driver_note(res):
     if calls is None or ms is None:
         return None
     bg = res.get("pool_driver_bg_ms_timed") or 0
-    return (f"driver: {calls:,} calls, {ms:.1f} ms in the timed steps"
+    note = (f"driver: {calls:,} calls, {ms:.1f} ms in the timed steps"
             + (f" ({bg:.1f} ms of it on the reclaimer thread)" if bg else ""))
+    # The time the program's threads waited for the device inside the pool ([count, ms] each).
+    syncs, waits = res.get("pool_fence_syncs_timed"), res.get("pool_fence_waits_timed")
+    if syncs and waits:
+        note += (f"; waits for the device: {syncs[0]:,} fences on the program's threads"
+                 f" ({syncs[1]:.1f} ms), {waits[0]:,} for the reclaimer's fence ({waits[1]:.1f} ms,"
+                 f" {res.get('pool_fence_waits_timed_out') or 0} ran out)")
+    return note
 
 
 def md_escape(s):

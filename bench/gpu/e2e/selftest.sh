@@ -132,6 +132,8 @@ print(json.dumps({"config": c, "batch": int(b), "steps_completed": 16, "oom": Fa
                   "peak_reserved_source": "gpustitch_get_stats.peak_reserved" if shim else "torch",
                   **({"driver_pool_peak_reserved_bytes": G // 4, "pool_driver_calls_timed": 1234,
                       "pool_driver_ms_timed": 61.34, "pool_driver_bg_ms_timed": 0.0,
+                      "pool_fence_syncs_timed": [3, 1.25], "pool_fence_waits_timed": [7, 42.5],
+                      "pool_fence_waits_timed_out": 1,
                       # 0.25 GiB went to the driver's pool past the hooks: PyTorch counts it.
                       "torch_peak_allocated_bytes": int(float(a) * G) + G + G // 4,
                       "shim_stats": {"peak_allocated": int(float(a) * G) + G}}
@@ -177,7 +179,9 @@ check "target 1.02x passes" grep -q 'peak reserved <= 1.02 x peak allocated | 1.
 check "memory in the driver's default pool is noted" \
   grep -q "^| gpustitch | 7 |.*plus up to 0.25 GiB in the driver's default pool" "$md"
 check "the pool's driver time in the timed steps is noted" \
-  grep -q "^| gpustitch | 7 |.*driver: 1,234 calls, 61.3 ms in the timed steps |" "$md"
+  grep -q "^| gpustitch | 7 |.*driver: 1,234 calls, 61.3 ms in the timed steps;" "$md"
+check "the program's waits for the device in the pool are noted" \
+  grep -q "^| gpustitch | 7 |.*waits for the device: 3 fences on the program's threads (1.2 ms), 7 for the reclaimer's fence (42.5 ms, 1 ran out) |" "$md"
 check "lowest reserved target: gpustitch 20.20 below every other (20.30)" \
   grep -q 'lowest peak reserved of all configurations | 20.20 GiB | PASS' "$md"
 check "tokens/s target of the shim without cache (0.96 >= 0.95)" \
