@@ -30,7 +30,7 @@ AddressSpace::~AddressSpace() {
   }
 }
 
-Status AddressSpace::add_span(std::size_t size) noexcept {
+Status AddressSpace::add_span(std::size_t size, std::uint8_t range) noexcept {
   const std::size_t n = span_count();
   if (n == kMaxSpans) return Status::out_of_memory;
   size = (size + granularity_ - 1) / granularity_ * granularity_;
@@ -45,6 +45,7 @@ Status AddressSpace::add_span(std::size_t size) noexcept {
   b->ptr = base;
   b->size = size;
   b->span = static_cast<std::uint16_t>(n);
+  b->range = range;
   b->state = BlockState::unbacked;
   index_.insert(*b);
   unbacked_.insert(*b);
@@ -93,6 +94,7 @@ Block* AddressSpace::split(Block* b, std::size_t size) noexcept {
   rest->ptr = b->ptr + size;
   rest->size = b->size - size;
   rest->span = b->span;
+  rest->range = b->range;
   rest->prev = b;
   rest->next = b->next;
   rest->state = b->state;

@@ -51,8 +51,9 @@ class AddressSpace {
   AddressSpace(const AddressSpace&) = delete;
   AddressSpace& operator=(const AddressSpace&) = delete;
 
-  // Reserves a span of `size` bytes (rounded to the granularity) as one unbacked block.
-  Status add_span(std::size_t size) noexcept;
+  // Reserves a span of `size` bytes (rounded to the granularity) as one unbacked block, whose
+  // blocks serve the requests of size range `range` (LargeHeap).
+  Status add_span(std::size_t size, std::uint8_t range = 0) noexcept;
   // Whether ptr lies in a span. Lock-free (a span is published before any pointer into it is
   // handed out, and spans are only removed at destruction).
   bool contains(DevPtr ptr) const noexcept;

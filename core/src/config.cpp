@@ -118,6 +118,14 @@ const std::vector<KeySpec>& key_specs() {
          if (!parse_u64(v, &n) || n > 65536) return false;
          return c.handle_share = static_cast<unsigned>(n), true;
        }},
+      {"gap_handles", "a count between 0 and 65536 (0 = no limit)",
+       [](std::string_view v, Config& c) {
+         std::uint64_t n;
+         if (!parse_u64(v, &n) || n > 65536) return false;
+         return c.gap_handles = static_cast<unsigned>(n), true;
+       }},
+      {"size_ranges", "on or off",
+       [](std::string_view v, Config& c) { return parse_bool(v, &c.size_ranges); }},
       {"stitching", "on or off",
        [](std::string_view v, Config& c) { return parse_bool(v, &c.stitching); }},
       {"reclaim", "thread or inline",

@@ -13,6 +13,9 @@ namespace gpustitch::detail {
 
 inline constexpr unsigned kMaxArenas = 8;
 inline constexpr std::size_t kLargeBuffer = 20 * MiB;   // PyTorch's slack for oversize blocks
+// size_ranges:on: requests below 1 MiB, below 4 MiB and larger each get address ranges of their
+// own (large_heap.cpp: the limits measured).
+inline constexpr std::size_t kSizeRangeLimits[2] = {1 * MiB, 4 * MiB};
 inline constexpr std::uint64_t kCheapFenceNs = 50'000;  // a fence this fast means an idle device
 inline constexpr std::uint64_t kFenceSample = 8;        // an arena times one fence in 8
 inline constexpr std::uint64_t kInlineFenceNs = 300;  // an arena fence cheaper than the device path

@@ -70,6 +70,27 @@
 // driver maps handles whole); such free memory is reused in place by best fit. Where the driver
 // maps at an offset, partial handles could move too; this design does not depend on it.
 //
+// Size ranges (size_ranges, off by default). What is left above demand at a small program's peak
+// is mostly free memory in granules that live blocks share: at hf_llama_generate's, 31 of 41 MiB,
+// between a KV cache's 1-8 MiB blocks and the large ones around them (no handle size can move
+// it). With size_ranges:on, requests below 1 MiB, below 4 MiB and larger are placed in spans of
+// their own (Block::range; the free set is ordered by range first, so best fit and place() look
+// at the request's own range only), and small blocks pack among themselves; handles still move
+// between ranges. It pays only with handles of one granule where the heap is small
+// (handle_share:1024, and no bound per gap, gap_handles:0): with the default handles a small
+// range's request finds no idle handle small enough and takes fresh memory. In replay
+// (--whole-handles, 140 GiB; cudaFree order / stream order) that "memory-first" layout held
+// gpt_seqlen_b5 at 1.011 / 1.014 of demand (default 1.013 / 1.016), hf_llama_train 1.006 / 1.004
+// (1.012 / 1.015), hf_llama_generate 1.026 / 1.031 (1.052 / 1.055), transformer_bucketed 1.009
+// / 1.009 (1.021 / 1.049), the dynseq traces 1.007 and 1.013 (1.012, 1.016), for 2-5x the driver
+// time (gpt_seqlen_b5 272 / 244 ms against 133 / 93; hf_llama_train 290 / 251 against 82 / 47;
+// the small traces 25-62 ms against 12-23). The handles alone (no ranges) held hf_llama_generate
+// at 1.052 and transformer_bucketed at 1.018; the ranges alone 1.052 and 1.043. Limits tried
+// with the same handles: {1, 4} MiB the best; {0.5, 4} 1.023 / 1.031 on generate but 1.018 on
+// bucketed; {1, 8}, {2, 8} and {1, 2} 1.034-1.064 on generate. An idealised model (2 MiB
+// granules, free moves) had predicted 1.041 -> 1.020 on generate. Whether the driver time costs
+// tokens/s on the GPU is not measured yet, so it is a setting, not the default.
+//
 // Alternatives measured (docs/address-space.md): the previous per-allocation views with stitching
 // by aliasing; fixed 20 MiB pages as expandable segments use (every fresh 1 GiB then costs 52
 // handles, ~2 ms on an H200); and different max_handle values in replay and on the GPU.
@@ -91,11 +112,6 @@ namespace {
 // 1,024.
 constexpr std::size_t kMaxScanBlocks = 1024;
 constexpr std::size_t kMaxCandidates = 1024;  // idle handles considered per miss
-// Fresh handles per gap where handle_share makes them small (a fresh 256 MiB block in an empty
-// heap: 16 handles of 16 MiB, not 128 of 2 MiB). In replay 16 held the recorded traces at
-// 1.011-1.052x of demand, 32 and 64 at 1.011-1.052x with bucketed sizes at 1.043x against 1.024x,
-// and 16 created the fewest handles (gpt_seqlen_b5: 1,296 against 1,371).
-constexpr std::size_t kMaxHandlesPerGap = 16;
 }  // namespace
 
 LargeHeap::LargeHeap(Backend& backend, int device, const Options& options,
@@ -129,11 +145,34 @@ Status LargeHeap::init(std::size_t device_total) noexcept {
   }
   std::size_t size = options_.span_size;
   if (size == 0) size = std::max<std::size_t>(2 * device_total, 4 * GiB);
-  // A smaller reservation where the driver (or the host, for the simulated device) refuses this.
-  for (; size >= 4 * options_.granularity; size /= 2) {
-    if (space_.add_span(size) == Status::ok) return Status::ok;
+  // One span per size range, the largest requests' first; the smaller ranges' spans are 1/8 as
+  // large (address space only: another span follows where one runs out). A smaller reservation
+  // where the driver (or the host, for the simulated device) refuses this.
+  const std::uint8_t top = range_of(SIZE_MAX);
+  for (int r = top; r >= 0; --r) {
+    std::size_t want = r == top ? size : std::max(size / 8, 4 * options_.granularity);
+    for (; want >= 4 * options_.granularity; want /= 2) {
+      if (space_.add_span(want, static_cast<std::uint8_t>(r)) == Status::ok) break;
+    }
+    if (want < 4 * options_.granularity) return Status::out_of_memory;
   }
-  return Status::out_of_memory;
+  return Status::ok;
+}
+
+std::size_t LargeHeap::largest_free() const noexcept {
+  // The last block of each size range in the set is that range's largest.
+  std::size_t largest = 0;
+  Block probe;
+  probe.size = 0;
+  probe.ptr = 0;
+  for (int r = range_of(SIZE_MAX); r >= 0; --r) {
+    probe.range = static_cast<std::uint8_t>(r + 1);
+    auto it = free_.lower_bound(probe);  // the first block of the ranges above r
+    if (it == free_.begin()) continue;
+    --it;
+    if (it->range == r) largest = std::max(largest, it->size);
+  }
+  return largest;
 }
 
 std::size_t LargeHeap::fine_handle(std::size_t fresh) const noexcept {
@@ -144,13 +183,15 @@ std::size_t LargeHeap::fine_handle(std::size_t fresh) const noexcept {
   std::size_t cap = std::min(align_down(options_.max_handle, g), device_handle_cap_);
   // A small heap's handles are small: none above 1/handle_share of what the heap will hold, so
   // that what live blocks pin stays a small share of it; but a gap takes at most
-  // kMaxHandlesPerGap of them, which bounds what one fresh block costs.
+  // max_handles_per_gap of them (0: no bound), which bounds what one fresh block costs.
   if (options_.handle_share != 0) {
     const std::size_t held = backing_.held_bytes();
     const std::size_t base = held - std::min(held, exempt_live_);
     const std::size_t share = (base + fresh) / options_.handle_share;
-    cap =
-        std::min(cap, std::max({g, align_down(share, g), align_up(fresh / kMaxHandlesPerGap, g)}));
+    const std::size_t gap_bound = options_.max_handles_per_gap == 0
+                                      ? g
+                                      : align_up(fresh / options_.max_handles_per_gap, g);
+    cap = std::min(cap, std::max({g, align_down(share, g), gap_bound}));
   }
   return std::max(smallest, std::min(align_up(fresh / per_gap, g), cap));
 }
@@ -172,8 +213,10 @@ void LargeHeap::make_free(Block* b) noexcept {
 
 bool LargeHeap::place(std::size_t rounded, Window* w) const noexcept {
   const std::size_t g = options_.granularity;
+  const std::uint8_t range = range_of(rounded);
   std::size_t best_need = SIZE_MAX, best_region = SIZE_MAX;
   for (const Block& cu : space_.unbacked()) {
+    if (cu.range != range) continue;  // another size range's address space
     auto* u = const_cast<Block*>(&cu);
     auto usable = [&](Block* b) {
       return b != nullptr && b->state == BlockState::free && usable_for(b, rounded);
@@ -263,8 +306,12 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
     if (!place(rounded, &w)) {
       // No unbacked region can hold it: another span (a request larger than the first one, or an
       // address space cut up by long-lived blocks).
-      const std::size_t span = std::max(space_.span(0).size, align_up(rounded, g) + g);
-      if (space_.add_span(span) != Status::ok || !place(rounded, &w)) return Status::out_of_memory;
+      const bool top = range_of(rounded) == range_of(SIZE_MAX);
+      const std::size_t span =
+          std::max(space_.span(0).size / (top ? 1 : 8), align_up(rounded, g) + g);
+      if (space_.add_span(span, range_of(rounded)) != Status::ok || !place(rounded, &w)) {
+        return Status::out_of_memory;
+      }
     }
     // The window takes part of a free neighbour: an end of it inside a large handle splits that
     // handle first (split_for_cut), and the window is placed again (it ends as take_from's loop).
@@ -478,6 +525,7 @@ std::string LargeHeap::validate() const {
       if (b->ptr != at) return fail("blocks do not tile the span", b);
       if (b->size == 0) return fail("empty block", b);
       if (b->next != nullptr && b->next->prev != b) return fail("broken links", b);
+      if (b->range != space_.first_block(s)->range) return fail("size range not its span's", b);
       at = b->end();
       if (b->state == BlockState::allocated && b->size >= share_exempt_) {
         exempt_live += b->size;

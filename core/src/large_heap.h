@@ -35,6 +35,8 @@ class LargeHeap {
     // And none above 1/handle_share of the physical memory the heap holds outside very large
     // live blocks (0: no such bound; large_heap.cpp: which blocks, and why).
     std::size_t handle_share = 0;
+    // But at most this many handles per gap where that bound makes them small (0: no bound).
+    std::size_t max_handles_per_gap = 16;
     // Fresh memory of at least coarse_min bytes (0: never) comes in at most coarse_handles
     // handles of coarse_min or more, with one granule at an end the block only partly covers
     // (large_heap.cpp: fresh-block cost).
@@ -47,6 +49,11 @@ class LargeHeap {
     // PyTorch's max_split_size_mb: free blocks at least this large serve only requests at least
     // this large, and their handles do not move for smaller ones.
     std::size_t max_split_size = SIZE_MAX;
+    // Size ranges with address ranges of their own (large_heap.cpp: why): a request below
+    // range_limits[0] is placed among blocks of range 0 only, one below range_limits[1] among
+    // those of range 1, others among those of the last range (0: no such limit). Physical memory
+    // moves between them freely.
+    std::size_t range_limits[2] = {0, 0};
   };
   // How grow() served a request.
   struct Growth {
@@ -57,8 +64,10 @@ class LargeHeap {
     std::size_t moved_bytes = 0;    // moved and spare
   };
 
+  // By size range first: best fit for a request looks at its own range's blocks only.
   struct BySize {
     bool operator()(const Block& a, const Block& b) const {
+      if (a.range != b.range) return a.range < b.range;
       return a.size != b.size ? a.size < b.size : a.ptr < b.ptr;
     }
   };
@@ -78,9 +87,27 @@ class LargeHeap {
   bool contains(DevPtr ptr) const noexcept { return space_.contains(ptr); }
   Block* block_at(DevPtr ptr) const noexcept { return space_.block_at(ptr); }
 
-  // Fenced free blocks, by size (DevicePool's best fit reads and cuts them).
+  // Fenced free blocks, by size range and size (DevicePool's best fit reads and cuts them).
   FreeSet& free_blocks() noexcept { return free_; }
-  std::size_t largest_free() const noexcept { return free_.empty() ? 0 : free_.rbegin()->size; }
+  std::size_t largest_free() const noexcept;
+  // The size range of a request of `rounded` bytes (Options::range_limits).
+  std::uint8_t range_of(std::size_t rounded) const noexcept {
+    std::uint8_t r = 0;
+    for (std::size_t limit : options_.range_limits) {
+      if (limit != 0 && rounded >= limit) ++r;
+    }
+    return r;
+  }
+  // The smallest block of set in rounded's size range holding at least `rounded` bytes (best
+  // fit), or set.end().
+  static FreeSet::iterator best_fit(FreeSet& set, std::size_t rounded, std::uint8_t range) noexcept {
+    Block probe;
+    probe.size = rounded;
+    probe.ptr = 0;
+    probe.range = range;
+    auto it = set.lower_bound(probe);
+    return it != set.end() && it->range == range ? it : set.end();
+  }
   // b keeps [0,size), the rest is returned (b's state); nullptr: no host memory, nothing changed.
   Block* split(Block* b, std::size_t size) noexcept { return space_.split(b, size); }
   // b absorbs its next neighbour (in no free set; the caller took it out of its own sets).

@@ -102,6 +102,22 @@ TEST(Config, HandleSizeKeys) {
   EXPECT_EQ(bad.config.max_handle, 10 * MiB) << "a rejected value leaves the default";
 }
 
+TEST(Config, MemoryFirstLayoutKeys) {
+  EXPECT_FALSE(Config{}.size_ranges) << "off by default";
+  EXPECT_EQ(Config{}.gap_handles, 16u);
+  auto r = parse_config("size_ranges:on,handle_share:1024,gap_handles:0");
+  EXPECT_TRUE(r.errors.empty());
+  EXPECT_TRUE(r.config.size_ranges);
+  EXPECT_EQ(r.config.handle_share, 1024u);
+  EXPECT_EQ(r.config.gap_handles, 0u) << "0: no bound";
+  auto bad = parse_config("size_ranges:sometimes,gap_handles:70000");
+  ASSERT_EQ(bad.errors.size(), 2u);
+  EXPECT_NE(bad.errors[0].find("size_ranges"), std::string::npos) << bad.errors[0];
+  EXPECT_NE(bad.errors[1].find("gap_handles"), std::string::npos) << bad.errors[1];
+  EXPECT_FALSE(bad.config.size_ranges) << "a rejected value leaves the default";
+  EXPECT_EQ(bad.config.gap_handles, 16u);
+}
+
 TEST(Config, FreshCoarseKey) {
   EXPECT_EQ(Config{}.fresh_coarse, 256 * MiB) << "the default";
   EXPECT_EQ(parse_config("fresh_coarse_mb:0").config.fresh_coarse, 0u) << "never";

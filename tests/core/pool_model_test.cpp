@@ -25,11 +25,12 @@ constexpr Stream kStreams[] = {kAnyStream, kAnyStream, 0x51, 0x52};
 // Parameters: a driver that maps at an offset, the seed, fresh_coarse_mb at its default of 256
 // (large fresh ranges in a few large handles, refined where a cut needs it) or 0, and whether moved
 // handles' old places stay mapped until needed (unmap:lazy; the reclaimer thread's unmaps are not
-// deterministic) or are unmapped at once.
-class PoolModel : public ::testing::TestWithParam<std::tuple<bool, unsigned, bool, bool>> {};
+// deterministic) or are unmapped at once, and the memory-first layout (size ranges of their own,
+// handles of 1/1024 of the heap with no bound per range: README, "Settings").
+class PoolModel : public ::testing::TestWithParam<std::tuple<bool, unsigned, bool, bool, bool>> {};
 
 TEST_P(PoolModel, MatchesReference) {
-  const auto [map_offset, seed, coarse, lazy_unmap] = GetParam();
+  const auto [map_offset, seed, coarse, lazy_unmap, memory_first] = GetParam();
   const std::size_t capacity = 24 * GiB;
   TestDevice dev = make_test_device({.capacity = capacity, .map_offset = map_offset});
   if (dev.sim == nullptr) GTEST_SKIP() << "the model needs a simulated device of known capacity";
@@ -37,6 +38,11 @@ TEST_P(PoolModel, MatchesReference) {
   cfg.background_reclaim = false;
   if (!coarse) cfg.fresh_coarse = 0;
   if (lazy_unmap) cfg.unmap = Config::Unmap::lazy;
+  if (memory_first) {
+    cfg.size_ranges = true;
+    cfg.handle_share = 1024;
+    cfg.gap_handles = 0;
+  }
   Pool pool(*dev.backend, cfg);
   std::map<DevPtr, Live> live;  // the reference model
   std::mt19937_64 rng(seed);
@@ -141,17 +147,23 @@ TEST_P(PoolModel, MatchesReference) {
   EXPECT_EQ(dev.sim->live_mappings(), 0u);
   EXPECT_EQ(dev.sim->live_reservations(), pool.stats(0).views);  // the address space
   std::printf(
-      "model seed %u offset %d coarse %d lazy unmap %d: %llu allocs, %llu OOMs, %llu "
-      "stitches\n",
-      seed, map_offset, coarse, lazy_unmap, (unsigned long long)allocs, (unsigned long long)ooms,
-      (unsigned long long)pool.stats(0).stitches);
+      "model seed %u offset %d coarse %d lazy unmap %d memory-first %d: %llu allocs, %llu OOMs, "
+      "%llu stitches\n",
+      seed, map_offset, coarse, lazy_unmap, memory_first, (unsigned long long)allocs,
+      (unsigned long long)ooms, (unsigned long long)pool.stats(0).stitches);
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, PoolModel,
                          ::testing::Combine(::testing::Bool(), ::testing::Values(1u, 2u, 3u),
-                                            ::testing::Bool(), ::testing::Values(false)));
+                                            ::testing::Bool(), ::testing::Values(false),
+                                            ::testing::Values(false)));
 INSTANTIATE_TEST_SUITE_P(LazyUnmap, PoolModel,
                          ::testing::Combine(::testing::Bool(), ::testing::Values(4u),
-                                            ::testing::Values(true), ::testing::Values(true)));
+                                            ::testing::Values(true), ::testing::Values(true),
+                                            ::testing::Values(false)));
+INSTANTIATE_TEST_SUITE_P(MemoryFirst, PoolModel,
+                         ::testing::Combine(::testing::Bool(), ::testing::Values(5u, 6u),
+                                            ::testing::Bool(), ::testing::Values(false),
+                                            ::testing::Values(true)));
 
 }  // namespace

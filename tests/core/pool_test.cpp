@@ -344,6 +344,51 @@ static std::uint64_t handles_created(TestDevice& dev, Pool& pool, std::size_t si
   return dev.sim->calls(SimOp::create) - before;
 }
 
+// size_ranges: requests below 1 MiB, below 4 MiB and larger are placed in address ranges of their
+// own, so a 2 MiB and a 512 KiB request are not cut out of a freed 64 MiB block; the physical
+// memory still comes from it (moved handles: reserved does not grow). Without the setting they are
+// cut out of it.
+TEST(Pool, SizeRangesPlaceSmallBlocksApartAndMoveMemoryBetweenThem) {
+  for (bool ranges : {true, false}) {
+    TestDevice dev = make_test_device();
+    if (dev.sim == nullptr) GTEST_SKIP() << "needs a simulated device";
+    Config c;
+    c.background_reclaim = false;
+    c.fresh_coarse = 0;  // ordinary handles for the 64 MiB block
+    c.size_ranges = ranges;
+    c.handle_share = 1024;  // the memory-first layout: one-granule handles in a small heap
+    c.gap_handles = 0;
+    Pool pool(*dev.backend, c);
+    DevPtr big = 0, medium = 0, small = 0;
+    ASSERT_EQ(pool.allocate(0, 64 * MiB, kAnyStream, &big), Status::ok);
+    ASSERT_EQ(pool.deallocate(big), Status::ok);
+    pool.drain_pending(0);
+    const DeviceStats before = pool.stats(0);
+    ASSERT_EQ(pool.allocate(0, 2 * MiB, kAnyStream, &medium), Status::ok);
+    ASSERT_EQ(pool.allocate(0, 512 * KiB, kAnyStream, &small), Status::ok);
+    auto inside_big = [&](DevPtr p) { return p >= big && p < big + 64 * MiB; };
+    EXPECT_EQ(inside_big(medium), !ranges) << "ranges " << ranges;
+    EXPECT_EQ(inside_big(small), !ranges) << "ranges " << ranges;
+    EXPECT_NE(medium, small);
+    const DeviceStats after = pool.stats(0);
+    EXPECT_EQ(after.bytes_reserved, before.bytes_reserved) << "fresh memory while 64 MiB lay idle";
+    EXPECT_EQ(after.fresh, before.fresh);
+    // What is written through each block reads back.
+    const std::uint64_t a = 0x1111222233334444, b = 0x5555666677778888;
+    dev.write(medium + 2 * MiB - 8, &a, 8);
+    dev.write(small, &b, 8);
+    std::uint64_t got_a = 0, got_b = 0;
+    dev.read(medium + 2 * MiB - 8, &got_a, 8);
+    dev.read(small, &got_b, 8);
+    EXPECT_EQ(got_a, a);
+    EXPECT_EQ(got_b, b);
+    ASSERT_EQ(pool.deallocate(medium), Status::ok);
+    ASSERT_EQ(pool.deallocate(small), Status::ok);
+    pool.drain_pending(0);
+    EXPECT_EQ(pool.validate(0), "");
+  }
+}
+
 // A small heap's handles are small (handle_share: at most 1/128 of what the heap will hold, but
 // at most 16 per fresh range), so that what a live block pins stays a small share of it; a large
 // heap's reach max_handle_mb. The memory a small program frees then moves piece by piece.

@@ -211,8 +211,8 @@ std::vector<TuneSetting> default_sweep(std::uint64_t peak_reserved) {
   s.push_back(registered_setting("gpustitch", TuneFamily::gpustitch, "", "gpustitch", ""));
   s.push_back(registered_setting("gpustitch stitching:off", TuneFamily::gpustitch, "stitching:off",
                                  "gpustitch-no-stitch", ""));
-  for (const char* conf :
-       {"fresh_handles:16", "fresh_handles:256", "small_limit_kb:64", "small_limit_kb:1024"})
+  for (const char* conf : {"fresh_handles:16", "fresh_handles:256", "small_limit_kb:64",
+                           "small_limit_kb:1024", "size_ranges:on,handle_share:1024,gap_handles:0"})
     s.push_back(registered_setting(std::string("gpustitch ") + conf, TuneFamily::gpustitch, conf,
                                    "gpustitch", conf));
   return s;

@@ -54,6 +54,18 @@ struct Config {
   // 1.044-1.116x of demand to 1.013-1.052x, for 15-25% more driver time on the training traces
   // (large_heap.cpp).
   unsigned handle_share = 128;  // handle_share
+  // And at most gap_handles of them per fresh range (0: no bound), which bounds what one fresh
+  // block costs: a fresh 256 MiB block in an empty heap is 16 handles of 16 MiB, not 128 of 2 MiB.
+  // In replay 16 held the recorded traces at 1.011-1.052x of demand, 32 and 64 at 1.011-1.052x
+  // with bucketed sizes at 1.043x against 1.024x, and 16 created the fewest handles
+  // (gpt_seqlen_b5: 1,296 against 1,371). 0 with handle_share:1024 and size_ranges:on is the
+  // memory-first layout (README, "Settings").
+  unsigned gap_handles = 16;  // gap_handles
+  // Requests below 1 MiB, below 4 MiB and larger are placed in address ranges of their own, so
+  // that small blocks pack among themselves instead of leaving pieces of granules between large
+  // ones; physical memory still moves between the ranges (large_heap.cpp). Off by default: with
+  // the default handle sizes it gains little and moves handles more often.
+  bool size_ranges = false;  // size_ranges
   // A fresh range of at least fresh_coarse_mb (0: never) is backed by handles of the size above at
   // both ends and at most 4 larger ones between them (large_heap.cpp): a fresh 256 MiB-2 GiB
   // block then costs a few driver calls, as cudaMalloc does, instead of one per 10 MiB (0.7-2.0x
