@@ -81,12 +81,13 @@
 // range's request finds no idle handle small enough and takes fresh memory. In replay
 // (--whole-handles, 140 GiB; cudaFree order / stream order) that "memory-first" layout held
 // gpt_seqlen_b5 at 1.011 / 1.014 of demand (default 1.013 / 1.016), hf_llama_train 1.006 / 1.004
-// (1.012 / 1.015), hf_llama_generate 1.026 / 1.031 (1.052 / 1.055), transformer_bucketed 1.009
+// (1.012 / 1.015), hf_llama_generate 1.026 / 1.028 (1.052 / 1.055), transformer_bucketed 1.009
 // / 1.009 (1.021 / 1.049), the dynseq traces 1.007 and 1.013 (1.012, 1.016), for 2-5x the driver
 // time (gpt_seqlen_b5 272 / 244 ms against 133 / 93; hf_llama_train 290 / 251 against 82 / 47;
 // the small traces 25-62 ms against 12-23). The handles alone (no ranges) held hf_llama_generate
 // at 1.052 and transformer_bucketed at 1.018; the ranges alone 1.052 and 1.043. Limits tried
-// with the same handles: {1, 4} MiB the best; {0.5, 4} 1.023 / 1.031 on generate but 1.018 on
+// with the same handles: {1, 4} MiB the best; {0.5, 4} 1.023 / 1.031 on generate (before the
+// smaller small-slot caches of small_pool.cpp; {1, 4} 1.026 / 1.031 then) but 1.018 on
 // bucketed; {1, 8}, {2, 8} and {1, 2} 1.034-1.064 on generate. An idealised model (2 MiB
 // granules, free moves) had predicted 1.041 -> 1.020 on generate. Whether the driver time costs
 // tokens/s on the GPU is not measured yet, so it is a setting, not the default.

@@ -21,8 +21,8 @@
 // makes that safe); it joins the fence queue only when it leaves the cache (the cache of its class
 // is full, or the caches are dropped on trim or out-of-memory). So a stream that allocates and
 // frees in a loop never touches the fence queue, and the reclaimer has nothing to walk for it.
-// Each cache is bounded (an eighth of a chunk's slots, 2 to 64), so the memory a stream keeps for
-// itself stays small; trim and out-of-memory empty the caches into the fence queue.
+// Each cache is bounded (1/32 of a chunk's slots, 2 to 16: small_pool.cpp), so the memory a stream
+// keeps for itself stays small; trim and out-of-memory empty the caches into the fence queue.
 //
 // Invariant: a chunk's `pending` count equals the number of entries naming it in the fence queue
 // and the stream caches together, so a chunk with live == pending == 0 is named by none.
