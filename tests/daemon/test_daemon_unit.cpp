@@ -287,20 +287,19 @@ TEST_F(TableTest, PrometheusExportsEveryMetricWithHelpTypeAndLabels) {
       << text;
   EXPECT_NE(text.find("gpustitch_reserved_bytes{pid=\"" + pid), std::string::npos);
   EXPECT_NE(text.find("gpustitch_stitches_total{pid=\"" + pid), std::string::npos);
+  // This process's sample of a metric: the text after its labels, to the end of the line.
+  auto sample = [&](const std::string& metric) -> std::string {
+    const std::size_t at = text.find(metric + "{pid=\"" + pid);
+    if (at == std::string::npos) return "(no " + metric + ")";
+    const std::size_t value = text.find("} ", at) + 2;
+    return text.substr(value, text.find('\n', value) - value);
+  };
   // The pool's driver time: counted in nanoseconds, exported in seconds.
-  const std::size_t calls = text.find("gpustitch_driver_calls_total{pid=\"" + pid);
-  ASSERT_NE(calls, std::string::npos) << text;
-  EXPECT_EQ(text.substr(text.find("} ", calls) + 2, 3), "42\n");
-  const std::size_t secs = text.find("gpustitch_driver_seconds_total{pid=\"" + pid);
-  ASSERT_NE(secs, std::string::npos) << text;
-  EXPECT_EQ(text.substr(text.find("} ", secs) + 2, 12), "1.500000000\n");
+  EXPECT_EQ(sample("gpustitch_driver_calls_total"), "42");
+  EXPECT_EQ(sample("gpustitch_driver_seconds_total"), "1.500000000");
   // The program's threads' waits for the device: the same conversion, and the plain counts.
-  const std::size_t waits = text.find("gpustitch_fence_wait_seconds_total{pid=\"" + pid);
-  ASSERT_NE(waits, std::string::npos) << text;
-  EXPECT_EQ(text.substr(text.find("} ", waits) + 2, 12), "0.250000000\n");
-  const std::size_t ran_out = text.find("gpustitch_fence_waits_timed_out_total{pid=\"" + pid);
-  ASSERT_NE(ran_out, std::string::npos) << text;
-  EXPECT_EQ(text.substr(text.find("} ", ran_out) + 2, 2), "2\n");
+  EXPECT_EQ(sample("gpustitch_fence_wait_seconds_total"), "0.250000000");
+  EXPECT_EQ(sample("gpustitch_fence_waits_timed_out_total"), "2");
   EXPECT_NE(text.find("gpustitch_fragmentation_ratio{pid=\"" + pid + "\""), std::string::npos);
   EXPECT_NE(text.find("\ngpustitch_processes 1\n"), std::string::npos);
   // Every sample line parses as name{labels} value.
