@@ -175,9 +175,11 @@ def lowest_in_use(rows, key, shim_name, what, target):
     """The target that the pool's row holds the least device memory by nvidia-smi, if measured."""
     measured = [r for r in rows if r.get(key) is not None]
     mine = next((r for r in measured if r["config"] == shim_name), None)
-    if mine is None or len(measured) < 2:
+    # Against what a user would pick instead, not gpustitch's own other settings.
+    others = [r for r in measured if not r["config"].startswith("gpustitch")]
+    if mine is None or not others:
         return
-    low = min((r for r in measured if r is not mine), key=lambda r: r[key])
+    low = min(others, key=lambda r: r[key])
     target(f"gpustitch: lowest device memory in use (nvidia-smi) of all configurations, {what}",
            gib(mine[key]) + " GiB", mine[key] <= low[key],
            f"lowest other: {low['config']} {gib(low[key])} GiB")
@@ -340,7 +342,7 @@ def write(outdir):
                None if rr is None else rr <= 1.02,
                "against PyTorch default's peak allocated (the program's demand)" if demand else
                "against the pool's own peak allocated")
-        others = [r for r in rows if r is not shim and ok_timed(r) and
+        others = [r for r in rows if not r["config"].startswith("gpustitch") and ok_timed(r) and
                   r["timed"].get("peak_reserved_bytes") is not None]
         mine = t.get("peak_reserved_bytes")
         if others and mine is not None:
