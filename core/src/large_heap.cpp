@@ -81,8 +81,8 @@
 // range's request finds no idle handle small enough and takes fresh memory. In replay
 // (--whole-handles, 140 GiB; cudaFree order / stream order) that "memory-first" layout held
 // gpt_seqlen_b5 at 1.011 / 1.014 of demand (default 1.013 / 1.016), hf_llama_train 1.006 / 1.004
-// (1.012 / 1.015), hf_llama_generate 1.026 / 1.028 (1.052 / 1.055), transformer_bucketed 1.009
-// / 1.009 (1.021 / 1.049), the dynseq traces 1.007 and 1.013 (1.012, 1.016), for 2-5x the driver
+// (1.012 / 1.015), hf_llama_generate 1.023 / 1.026 (1.052 / 1.055), transformer_bucketed 1.009
+// / 1.009 (1.021 / 1.049), the dynseq traces 1.007 and 1.012 (1.012, 1.016), for 2-5x the driver
 // time (gpt_seqlen_b5 272 / 244 ms against 133 / 93; hf_llama_train 290 / 251 against 82 / 47;
 // the small traces 25-62 ms against 12-23). The handles alone (no ranges) held hf_llama_generate
 // at 1.052 and transformer_bucketed at 1.018; the ranges alone 1.052 and 1.043. Limits tried
@@ -189,9 +189,8 @@ std::size_t LargeHeap::fine_handle(std::size_t fresh) const noexcept {
     const std::size_t held = backing_.held_bytes();
     const std::size_t base = held - std::min(held, exempt_live_);
     const std::size_t share = (base + fresh) / options_.handle_share;
-    const std::size_t gap_bound = options_.max_handles_per_gap == 0
-                                      ? g
-                                      : align_up(fresh / options_.max_handles_per_gap, g);
+    const std::size_t gap_bound =
+        options_.max_handles_per_gap == 0 ? g : align_up(fresh / options_.max_handles_per_gap, g);
     cap = std::min(cap, std::max({g, align_down(share, g), gap_bound}));
   }
   return std::max(smallest, std::min(align_up(fresh / per_gap, g), cap));
@@ -253,10 +252,11 @@ bool LargeHeap::idle(const Handle* h) const noexcept {
 void LargeHeap::collect_idle(const Window& w, std::size_t rounded, std::size_t want) noexcept {
   candidates_.clear();
   std::size_t found = 0, scanned = 0;
-  for (auto it = free_.rbegin(); it != free_.rend() && scanned < kMaxScanBlocks; ++it, ++scanned) {
-    const Block* b = &*it;
+  // Takes b's idle handles; true when there are enough, or the scan's bound is reached.
+  auto visit = [&](const Block* b) {
+    if (++scanned > kMaxScanBlocks) return true;
     if (b == w.prev || b == w.next || b->size < options_.granularity || !usable_for(b, rounded)) {
-      continue;
+      return false;
     }
     for (Handle* h = backing_.first_from(b->ptr); h != nullptr && h->end() <= b->end();
          h = backing_.next(h)) {
@@ -264,8 +264,26 @@ void LargeHeap::collect_idle(const Window& w, std::size_t rounded, std::size_t w
       candidates_.push_back(h);  // within the capacity reserved at construction
       found += h->size;
     }
-    if (found >= 2 * want || candidates_.size() == candidates_.capacity()) break;
-  }
+    return found >= 2 * want || candidates_.size() == candidates_.capacity();
+  };
+  // Largest free blocks first; with size ranges, the request's own range's before the others'
+  // (the free set is ordered by range first), so that a miss does not strip another range of
+  // the memory its next request would take back: hf_llama_generate in replay 1.026 -> 1.023 with
+  // the memory-first layout, the other traces the same or better.
+  Block probe;
+  probe.size = 0;
+  probe.ptr = 0;
+  probe.range = range_of(rounded);
+  const auto own_lo = free_.lower_bound(probe);
+  ++probe.range;
+  const auto own_hi = free_.lower_bound(probe);
+  auto scan = [&](FreeSet::const_iterator lo, FreeSet::const_iterator hi) {
+    while (hi != lo) {
+      if (visit(&*--hi)) return true;
+    }
+    return false;
+  };
+  if (!scan(own_lo, own_hi) && !scan(own_hi, free_.cend())) scan(free_.cbegin(), own_lo);
   std::sort(candidates_.begin(), candidates_.end(),
             [](const Handle* a, const Handle* b) { return a->size > b->size; });
 }

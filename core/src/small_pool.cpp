@@ -12,7 +12,7 @@ namespace {
 // (about 256 KiB per class with 2 MiB chunks, 2 slots for the largest classes).
 // A stream's cache of one class holds 1/32 of a chunk's slots, 2 to 16. An eighth, 2 to 64, kept
 // 11.5 MiB of chunks at hf_llama_generate's peak in stream order against 6.1 MiB freed with
-// cudaFree (replay; the memory-first layout then held it at 1.031x of demand, now 1.028x), and
+// cudaFree (replay; the memory-first layout then held it at 1.031x of demand, 1.028x after), and
 // pool_bench's stream-ordered pairs and mixed sizes ran within their run-to-run spread either way.
 constexpr std::size_t kStreamCacheMin = 2, kStreamCacheMax = 16, kStreamCacheShare = 32;
 
