@@ -148,14 +148,15 @@ Status LargeHeap::init(std::size_t device_total) noexcept {
   if (size == 0) size = std::max<std::size_t>(2 * device_total, 4 * GiB);
   // One span per size range, the largest requests' first; the smaller ranges' spans are 1/8 as
   // large (address space only: another span follows where one runs out). A smaller reservation
-  // where the driver (or the host, for the simulated device) refuses this.
+  // where the driver (or the host, for the simulated device) refuses this. Only the first one is
+  // needed: a size range without address space places its requests in the largest's (grow()).
   const std::uint8_t top = range_of(SIZE_MAX);
   for (int r = top; r >= 0; --r) {
     std::size_t want = r == top ? size : std::max(size / 8, 4 * options_.granularity);
     for (; want >= 4 * options_.granularity; want /= 2) {
       if (space_.add_span(want, static_cast<std::uint8_t>(r)) == Status::ok) break;
     }
-    if (want < 4 * options_.granularity) return Status::out_of_memory;
+    if (r == top && want < 4 * options_.granularity) return Status::out_of_memory;
   }
   return Status::ok;
 }
@@ -211,9 +212,8 @@ void LargeHeap::make_free(Block* b) noexcept {
   free_.insert(*b);
 }
 
-bool LargeHeap::place(std::size_t rounded, Window* w) const noexcept {
+bool LargeHeap::place(std::size_t rounded, std::uint8_t range, Window* w) const noexcept {
   const std::size_t g = options_.granularity;
-  const std::uint8_t range = range_of(rounded);
   std::size_t best_need = SIZE_MAX, best_region = SIZE_MAX;
   for (const Block& cu : space_.unbacked()) {
     if (cu.range != range) continue;  // another size range's address space
@@ -321,15 +321,20 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
   const std::size_t g = options_.granularity;
   const bool move = options_.move && allow_move;
   Window w;
+  const std::uint8_t top = range_of(SIZE_MAX);
+  std::uint8_t range = range_of(rounded);  // where it goes: its size range's spans
   for (;;) {
-    if (!place(rounded, &w)) {
+    if (!place(rounded, range, &w)) {
       // No unbacked region can hold it: another span (a request larger than the first one, or an
       // address space cut up by long-lived blocks).
-      const bool top = range_of(rounded) == range_of(SIZE_MAX);
       const std::size_t span =
-          std::max(space_.span(0).size / (top ? 1 : 8), align_up(rounded, g) + g);
-      if (space_.add_span(span, range_of(rounded)) != Status::ok || !place(rounded, &w)) {
-        return Status::out_of_memory;
+          std::max(space_.span(0).size / (range == top ? 1 : 8), align_up(rounded, g) + g);
+      if (space_.add_span(span, range) != Status::ok || !place(rounded, range, &w)) {
+        // No address space for a small size range (the driver refused a reservation, or
+        // kMaxSpans): the largest requests' range serves it, rather than an out-of-memory.
+        if (range == top) return Status::out_of_memory;
+        range = top;
+        continue;
       }
     }
     // The window takes part of a free neighbour: an end of it inside a large handle splits that

@@ -207,7 +207,8 @@ class LargeHeap {
   // A handle lying wholly idle is unmapped, its place made unbacked, and given back; the bytes
   // given back (0: the driver kept it, nothing changed).
   std::size_t release_mapped(Handle* h) noexcept;
-  bool place(std::size_t rounded, Window* w) const noexcept;
+  // The window for a request of `rounded` bytes in size range `range`'s spans; false: none.
+  bool place(std::size_t rounded, std::uint8_t range, Window* w) const noexcept;
   // Idle handles that can be moved for a window, largest first, into candidates_.
   void collect_idle(const Window& w, std::size_t rounded, std::size_t want) noexcept;
   // Whether free block b may hold (part of) a request of `rounded` bytes (max_split_size).

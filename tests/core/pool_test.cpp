@@ -389,6 +389,43 @@ TEST(Pool, SizeRangesPlaceSmallBlocksApartAndMoveMemoryBetweenThem) {
   }
 }
 
+// A size range whose address space runs out while the driver refuses another reservation places
+// its requests in the largest requests' range: no out-of-memory while the device has memory.
+// Range 1 (1-4 MiB) gets 1/8 of the first span: 512 MiB on this 2 GiB device (a 4 GiB span), so
+// 600 blocks of 2 MiB go past it.
+TEST(Pool, ASizeRangeWithoutAddressSpaceUsesTheLargestRange) {
+  SimOptions sim;
+  sim.capacity = 2 * GiB;
+  TestDevice dev = make_test_device(sim);
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs a simulated device";
+  Config c;
+  c.background_reclaim = false;
+  c.size_ranges = true;
+  Pool pool(*dev.backend, c);
+  DevPtr big = 0;
+  ASSERT_EQ(pool.allocate(0, 64 * MiB, kAnyStream, &big), Status::ok);  // a range-2 span exists
+  dev.sim->fail_always(SimOp::reserve, true);
+  std::vector<DevPtr> blocks;
+  for (int i = 0; i < 600; ++i) {
+    DevPtr p = 0;
+    ASSERT_EQ(pool.allocate(0, 2 * MiB, kAnyStream, &p), Status::ok) << "block " << i;
+    const std::uint64_t tag = 0xabc00000u + static_cast<std::uint64_t>(i);
+    dev.write(p, &tag, 8);
+    blocks.push_back(p);
+  }
+  dev.sim->fail_always(SimOp::reserve, false);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    std::uint64_t got = 0;
+    dev.read(blocks[i], &got, 8);
+    EXPECT_EQ(got, 0xabc00000u + i) << "block " << i;
+  }
+  EXPECT_EQ(pool.validate(0), "");
+  for (DevPtr p : blocks) ASSERT_EQ(pool.deallocate(p), Status::ok);
+  ASSERT_EQ(pool.deallocate(big), Status::ok);
+  pool.drain_pending(0);
+  EXPECT_EQ(pool.validate(0), "");
+}
+
 // A small heap's handles are small (handle_share: at most 1/128 of what the heap will hold, but
 // at most 16 per fresh range), so that what a live block pins stays a small share of it; a large
 // heap's reach max_handle_mb. The memory a small program frees then moves piece by piece.
