@@ -45,7 +45,7 @@ Status AddressSpace::add_span(std::size_t size, std::uint8_t range) noexcept {
   b->ptr = base;
   b->size = size;
   b->span = static_cast<std::uint16_t>(n);
-  b->range = range;
+  b->size_range = range;
   b->state = BlockState::unbacked;
   index_.insert(*b);
   unbacked_.insert(*b);
@@ -94,7 +94,7 @@ Block* AddressSpace::split(Block* b, std::size_t size) noexcept {
   rest->ptr = b->ptr + size;
   rest->size = b->size - size;
   rest->span = b->span;
-  rest->range = b->range;
+  rest->size_range = b->size_range;
   rest->prev = b;
   rest->next = b->next;
   rest->state = b->state;

@@ -121,7 +121,7 @@ class DevicePool final {
   // --- fencing (see reclaimer.cpp) ---
   bool has_pending() const noexcept;  // lock held
   bool arenas_pending() const noexcept;
-  bool fence_pass() noexcept;    // reclaimer thread entry: unlocked
+  bool fence_pass() noexcept;  // reclaimer thread entry: unlocked
   // Reclaimer thread: unmaps moved handles' old places (retired_mappings.h); returns whether
   // more wait.
   bool unmap_retired() noexcept;

@@ -12,7 +12,7 @@
 namespace gpustitch::detail {
 
 inline constexpr unsigned kMaxArenas = 8;
-inline constexpr std::size_t kLargeBuffer = 20 * MiB;   // PyTorch's slack for oversize blocks
+inline constexpr std::size_t kLargeBuffer = 20 * MiB;  // PyTorch's slack for oversize blocks
 // size_ranges:on: requests below 1 MiB, below 4 MiB and larger each get address ranges of their
 // own (large_heap.cpp: the limits measured).
 inline constexpr std::size_t kSizeRangeLimits[2] = {1 * MiB, 4 * MiB};

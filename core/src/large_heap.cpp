@@ -74,8 +74,8 @@
 // is mostly free memory in granules that live blocks share: at hf_llama_generate's, 31 of 41 MiB,
 // between a KV cache's 1-8 MiB blocks and the large ones around them (no handle size can move
 // it). With size_ranges:on, requests below 1 MiB, below 4 MiB and larger are placed in spans of
-// their own (Block::range; the free set is ordered by range first, so best fit and place() look
-// at the request's own range only), and small blocks pack among themselves; handles still move
+// their own (Block::size_range; the free set is ordered by range first, so best fit and place()
+// look at the request's own range only), and small blocks pack among themselves; handles still move
 // between ranges. It pays only with handles of one granule where the heap is small
 // (handle_share:1024, and no bound per gap, gap_handles:0): with the default handles a small
 // range's request finds no idle handle small enough and takes fresh memory. In replay
@@ -168,11 +168,11 @@ std::size_t LargeHeap::largest_free() const noexcept {
   probe.size = 0;
   probe.ptr = 0;
   for (int r = range_of(SIZE_MAX); r >= 0; --r) {
-    probe.range = static_cast<std::uint8_t>(r + 1);
+    probe.size_range = static_cast<std::uint8_t>(r + 1);
     auto it = free_.lower_bound(probe);  // the first block of the ranges above r
     if (it == free_.begin()) continue;
     --it;
-    if (it->range == r) largest = std::max(largest, it->size);
+    if (it->size_range == r) largest = std::max(largest, it->size);
   }
   return largest;
 }
@@ -216,7 +216,7 @@ bool LargeHeap::place(std::size_t rounded, std::uint8_t range, Window* w) const 
   const std::size_t g = options_.granularity;
   std::size_t best_need = SIZE_MAX, best_region = SIZE_MAX;
   for (const Block& cu : space_.unbacked()) {
-    if (cu.range != range) continue;  // another size range's address space
+    if (cu.size_range != range) continue;  // another size range's address space
     auto* u = const_cast<Block*>(&cu);
     auto usable = [&](Block* b) {
       return b != nullptr && b->state == BlockState::free && usable_for(b, rounded);
@@ -273,9 +273,9 @@ void LargeHeap::collect_idle(const Window& w, std::size_t rounded, std::size_t w
   Block probe;
   probe.size = 0;
   probe.ptr = 0;
-  probe.range = range_of(rounded);
+  probe.size_range = range_of(rounded);
   const auto own_lo = free_.lower_bound(probe);
-  ++probe.range;
+  ++probe.size_range;
   const auto own_hi = free_.lower_bound(probe);
   auto scan = [&](FreeSet::const_iterator lo, FreeSet::const_iterator hi) {
     while (hi != lo) {
@@ -549,7 +549,8 @@ std::string LargeHeap::validate() const {
       if (b->ptr != at) return fail("blocks do not tile the span", b);
       if (b->size == 0) return fail("empty block", b);
       if (b->next != nullptr && b->next->prev != b) return fail("broken links", b);
-      if (b->range != space_.first_block(s)->range) return fail("size range not its span's", b);
+      if (b->size_range != space_.first_block(s)->size_range)
+        return fail("size range not its span's", b);
       at = b->end();
       if (b->state == BlockState::allocated && b->size >= share_exempt_) {
         exempt_live += b->size;

@@ -67,7 +67,7 @@ class LargeHeap {
   // By size range first: best fit for a request looks at its own range's blocks only.
   struct BySize {
     bool operator()(const Block& a, const Block& b) const {
-      if (a.range != b.range) return a.range < b.range;
+      if (a.size_range != b.size_range) return a.size_range < b.size_range;
       return a.size != b.size ? a.size < b.size : a.ptr < b.ptr;
     }
   };
@@ -100,13 +100,14 @@ class LargeHeap {
   }
   // The smallest block of set in rounded's size range holding at least `rounded` bytes (best
   // fit), or set.end().
-  static FreeSet::iterator best_fit(FreeSet& set, std::size_t rounded, std::uint8_t range) noexcept {
+  static FreeSet::iterator best_fit(FreeSet& set, std::size_t rounded,
+                                    std::uint8_t range) noexcept {
     Block probe;
     probe.size = rounded;
     probe.ptr = 0;
-    probe.range = range;
+    probe.size_range = range;
     auto it = set.lower_bound(probe);
-    return it != set.end() && it->range == range ? it : set.end();
+    return it != set.end() && it->size_range == range ? it : set.end();
   }
   // b keeps [0,size), the rest is returned (b's state); nullptr: no host memory, nothing changed.
   Block* split(Block* b, std::size_t size) noexcept { return space_.split(b, size); }

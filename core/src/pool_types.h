@@ -45,7 +45,7 @@ struct Block {
   AddressHook free_hook;
   std::uint16_t span = 0;  // which reservation of the address space
   // Its span's size range (LargeHeap::Options::range_limits): which requests it may serve.
-  std::uint8_t range = 0;
+  std::uint8_t size_range = 0;
   BlockState state = BlockState::free;
   bool small_chunk = false;  // allocated to the small-object pool as a chunk
   // Held by an arena's large cache (large_cache.h): live there or parked. Written under both the
