@@ -33,6 +33,14 @@ bool parse_double(std::string_view v, double* out) {
   return ec == std::errc() && p == v.data() + v.size();
 }
 
+// A count setting: 0 to 65536.
+bool parse_count(std::string_view v, unsigned* out) {
+  std::uint64_t n;
+  if (!parse_u64(v, &n) || n > 65536) return false;
+  *out = static_cast<unsigned>(n);
+  return true;
+}
+
 bool parse_bool(std::string_view v, bool* out) {
   if (v == "on" || v == "true" || v == "1" || v == "yes") return *out = true, true;
   if (v == "off" || v == "false" || v == "0" || v == "no") return *out = false, true;
@@ -91,11 +99,7 @@ const std::vector<KeySpec>& key_specs() {
          return c.segment_size = s, true;
        }},
       {"fresh_handles", "a count between 0 and 65536 (0 = no limit)",
-       [](std::string_view v, Config& c) {
-         std::uint64_t n;
-         if (!parse_u64(v, &n) || n > 65536) return false;
-         return c.fresh_handles = static_cast<unsigned>(n), true;
-       }},
+       [](std::string_view v, Config& c) { return parse_count(v, &c.fresh_handles); }},
       {"max_handle_mb", "a size in MiB, 0 (no limit) or between 2 and 1048576",
        [](std::string_view v, Config& c) {
          std::size_t s;
@@ -113,17 +117,9 @@ const std::vector<KeySpec>& key_specs() {
          return c.fresh_coarse = s, true;
        }},
       {"handle_share", "a count between 0 and 65536 (0 = no limit)",
-       [](std::string_view v, Config& c) {
-         std::uint64_t n;
-         if (!parse_u64(v, &n) || n > 65536) return false;
-         return c.handle_share = static_cast<unsigned>(n), true;
-       }},
+       [](std::string_view v, Config& c) { return parse_count(v, &c.handle_share); }},
       {"gap_handles", "a count between 0 and 65536 (0 = no limit)",
-       [](std::string_view v, Config& c) {
-         std::uint64_t n;
-         if (!parse_u64(v, &n) || n > 65536) return false;
-         return c.gap_handles = static_cast<unsigned>(n), true;
-       }},
+       [](std::string_view v, Config& c) { return parse_count(v, &c.gap_handles); }},
       {"size_ranges", "on or off",
        [](std::string_view v, Config& c) { return parse_bool(v, &c.size_ranges); }},
       {"stitching", "on or off",

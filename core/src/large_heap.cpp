@@ -162,12 +162,16 @@ Status LargeHeap::init(std::size_t device_total) noexcept {
 }
 
 std::size_t LargeHeap::largest_free() const noexcept {
+  // Called whenever the free set changes (DevicePool::note_free_changed): without size ranges the
+  // set's last block, as before them.
+  const std::uint8_t top = range_of(SIZE_MAX);
+  if (top == 0) return free_.empty() ? 0 : free_.rbegin()->size;
   // The last block of each size range in the set is that range's largest.
   std::size_t largest = 0;
   Block probe;
   probe.size = 0;
   probe.ptr = 0;
-  for (int r = range_of(SIZE_MAX); r >= 0; --r) {
+  for (int r = top; r >= 0; --r) {
     probe.size_range = static_cast<std::uint8_t>(r + 1);
     auto it = free_.lower_bound(probe);  // the first block of the ranges above r
     if (it == free_.begin()) continue;
