@@ -46,7 +46,7 @@
 //     driver calls a large program makes barely change (the handles it creates while small are
 //     few). In replay this took the small traces (0.7-1.9 GiB) from 1.044-1.116x of demand to
 //     1.013-1.052x, the training traces stayed at 1.021x, for 15-25% more driver time
-//     (gpt_seqlen_b5: 1,296 handles created against 1,067). Live blocks of handle_share x the
+//     (gpt_seqlen_b5: 1,296 handles created against 1,067). Live blocks of 128 x the
 //     largest handle (1.25 GiB by default) and more are left out of what the heap holds: alone
 //     they would make every later handle as large as handles get, yet they pin nothing while
 //     live and their own handles move once they are freed. A 115 GiB block allocated first (the
@@ -89,8 +89,24 @@
 // with the same handles: {1, 4} MiB the best; {0.5, 4} 1.023 / 1.031 on generate (before the
 // smaller small-slot caches of small_pool.cpp; {1, 4} 1.026 / 1.031 then) but 1.018 on
 // bucketed; {1, 8}, {2, 8} and {1, 2} 1.034-1.064 on generate. An idealised model (2 MiB
-// granules, free moves) had predicted 1.041 -> 1.020 on generate. Whether the driver time costs
-// tokens/s on the GPU is not measured yet, so it is a setting, not the default.
+// granules, free moves) had predicted 1.041 -> 1.020 on generate.
+// On the GPU (an H100, 2026-12-06, two interleaved rounds, docs/address-space.md) it held what
+// replay said: HF Llama training 1.019-1.020x of PyTorch's allocated bytes (the earlier layout
+// 1.032-1.033x), GPT 1.017-1.024x (1.023-1.026x); but HF ran at 0.87-0.90x of PyTorch default's
+// tokens/s (the earlier layout 0.98x) and GPT at 0.96x (0.98-1.00x). The allocating thread's
+// driver time in the timed steps was the cause: HF 168-228 ms of 1.6-1.8 s against 40 ms, most
+// of it cuMemSetAccess (94 ms for 3,321 handles mapped, ~28 us each whatever their size) and the
+// unmaps the retired-mapping table (256 entries) had no room for. Where that time comes from, in
+// replay (hf_llama_train in stream order): the ranges make the moves (unmaps 651 without them,
+// 2,831 with, one-granule handles either way), the one-granule handles the creates (886 with the
+// earlier handles, 2,531). On GPT most of the extra driver time is paid while the heap first
+// grows (gpt_seqlen_b5's first of 8 steps 185 against 80 ms, steps 2-8 86 against 52), on HF
+// most in the later steps (hf_llama_train 124 against 41, then 166 against 41). handle_share:512
+// takes a fifth of it back but holds the training traces at 1.021 in stream order; the earlier
+// handles in the largest requests' range alone (1/128 or 1/256, 16 per gap) gave
+// bucketed 1.040-1.043; small idle handles released and created again at the heap's handle size
+// instead of moved cut the maps by a fifth and the driver time by 3%. So the layout is a setting
+// for programs whose limit is memory, not the default.
 //
 // Alternatives measured (docs/address-space.md): the previous per-allocation views with stitching
 // by aliasing; fixed 20 MiB pages as expandable segments use (every fresh 1 GiB then costs 52
@@ -137,12 +153,18 @@ Status LargeHeap::init(std::size_t device_total) noexcept {
   const std::size_t g = options_.granularity;
   device_handle_cap_ = std::max(g, device_total / 1024 / g * g);
   coarse_cap_ = std::max(g, device_total / 64 / g * g);
-  // A live block of handle_share x the largest handle or more would, alone, make every later
+  // A live block of 128 x the largest handle (1.25 GiB) or more would, alone, make every later
   // handle as large as handles get, while it pins nothing of them: it is left out of the share.
+  // The bound does not follow handle_share: it also says which blocks are too large to count in
+  // how much of the pool waits for a fence (DevicePool::working_reserved), where the memory-first
+  // layout's 1024 x 10 MiB would have counted an 8 GiB block (pool_test:
+  // StreamOrderedMissWaitsForPendingMemoryInsteadOfGrowing failed with it). In replay any bound
+  // from 1 to 16 GiB gave the same figures on every recorded trace, with either layout.
+  constexpr std::size_t kVeryLargeShare = 128;
   const std::size_t largest = std::min(align_down(options_.max_handle, g), device_handle_cap_);
   fine_cap_ = std::max(align_up(options_.min_handle, g), largest);
-  if (options_.handle_share != 0 && largest <= SIZE_MAX / options_.handle_share) {
-    share_exempt_ = options_.handle_share * largest;
+  if (options_.handle_share != 0 && largest <= SIZE_MAX / kVeryLargeShare) {
+    share_exempt_ = kVeryLargeShare * largest;
   }
   std::size_t size = options_.span_size;
   if (size == 0) size = std::max<std::size_t>(2 * device_total, 4 * GiB);

@@ -326,34 +326,44 @@ TEST(PoolLargeCache, ReclaimerFenceCoversBlocksParkedWithCudaFreeSemantics) {
 }
 
 // cudaMalloc of another size: blocks parked with cudaFree semantics go back to the device pool,
-// where they merge with their neighbours and serve it, rather than sit in the arena while fresh
-// memory is taken.
+// where they serve it, rather than sit in the arena while fresh memory is taken. Without size
+// ranges they merge with their neighbours into one free block; with them (the default) the 2 MiB
+// blocks lie in another size range's addresses than an 8 MiB request, and their handles move.
 TEST(PoolLargeCache, CudaMallocOfAnotherSizeGetsTheSmallerParkedBlocks) {
-  TestDevice dev = make_test_device({.map_offset = false});
-  if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated device";
-  Pool pool(*dev.backend, cache_on(inline_config()));
-  Worker w;
-  w.run([&] {
-    std::vector<DevPtr> small(4);
-    for (auto& p : small) EXPECT_EQ(pool.allocate(0, 2 * MiB, kAnyStream, &p), Status::ok);
-    for (auto p : small) EXPECT_EQ(pool.deallocate(p), Status::ok);
-    return 0;
-  });
-  const DeviceStats before = pool.stats(0);
-  ASSERT_EQ(before.bytes_reserved, 8 * MiB);
-  const DevPtr big = w.run([&] {
-    DevPtr p = 0;
-    EXPECT_EQ(pool.allocate(0, 8 * MiB, kAnyStream, &p), Status::ok);
-    return p;
-  });
-  ASSERT_NE(big, 0u);
-  stamp(dev, big, 8 * MiB, 0xb16);
-  EXPECT_TRUE(check(dev, big, 8 * MiB, 0xb16));
-  const DeviceStats after = pool.stats(0);
-  EXPECT_EQ(after.fresh, before.fresh) << "fresh memory while 8 MiB sat parked";
-  EXPECT_EQ(after.bytes_reserved, 8 * MiB);
-  EXPECT_EQ(after.cache_hits, before.cache_hits + 1) << "the four neighbours merged into one block";
-  w.run([&] { return pool.deallocate(big); });
+  for (bool ranges : {false, true}) {
+    SCOPED_TRACE(ranges ? "size_ranges:on" : "size_ranges:off");
+    TestDevice dev = make_test_device({.map_offset = false});
+    if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated device";
+    Config c = cache_on(inline_config());
+    c.size_ranges = ranges;
+    Pool pool(*dev.backend, c);
+    Worker w;
+    w.run([&] {
+      std::vector<DevPtr> small(4);
+      for (auto& p : small) EXPECT_EQ(pool.allocate(0, 2 * MiB, kAnyStream, &p), Status::ok);
+      for (auto p : small) EXPECT_EQ(pool.deallocate(p), Status::ok);
+      return 0;
+    });
+    const DeviceStats before = pool.stats(0);
+    ASSERT_EQ(before.bytes_reserved, 8 * MiB);
+    const DevPtr big = w.run([&] {
+      DevPtr p = 0;
+      EXPECT_EQ(pool.allocate(0, 8 * MiB, kAnyStream, &p), Status::ok);
+      return p;
+    });
+    ASSERT_NE(big, 0u);
+    stamp(dev, big, 8 * MiB, 0xb16);
+    EXPECT_TRUE(check(dev, big, 8 * MiB, 0xb16));
+    const DeviceStats after = pool.stats(0);
+    EXPECT_EQ(after.fresh, before.fresh) << "fresh memory while 8 MiB sat parked";
+    EXPECT_EQ(after.bytes_reserved, 8 * MiB);
+    if (!ranges) {
+      EXPECT_EQ(after.cache_hits, before.cache_hits + 1)
+          << "the four neighbours merged into one block";
+    }
+    w.run([&] { return pool.deallocate(big); });
+    EXPECT_EQ(pool.validate(0), "");
+  }
 }
 
 TEST(PoolLargeCache, FreeOnAnotherThreadIsNeitherLostNorHandedOutTwice) {

@@ -426,36 +426,53 @@ TEST(Pool, ASizeRangeWithoutAddressSpaceUsesTheLargestRange) {
   EXPECT_EQ(pool.validate(0), "");
 }
 
-// A small heap's handles are small (handle_share: at most 1/128 of what the heap will hold, but
-// at most 16 per fresh range), so that what a live block pins stays a small share of it; a large
-// heap's reach max_handle_mb. The memory a small program frees then moves piece by piece.
+// A small heap's handles are small: none above 1/handle_share of what the heap will hold, so that
+// what a live block pins stays a small share of it; a large heap's reach max_handle_mb. The memory
+// a small program frees then moves piece by piece. By default (1/128, at most 16 per fresh range)
+// handles reach 10 MiB at 1.25 GiB held; with the memory-first layout (1/1024, no bound per fresh
+// range) they stay at one granule up to 2 GiB held.
 TEST(Pool, SmallHeapsGetSmallHandles) {
-  TestDevice dev = make_test_device({.capacity = 1024 * GiB});
-  if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend's call counters";
-  Config cfg = inline_config();
-  cfg.fresh_coarse = 0;  // every fresh range in ordinary handles: their size is the subject
-  Pool pool(*dev.backend, cfg);
-  auto creates_for = [&](std::size_t size, DevPtr* p) {
-    return handles_created(dev, pool, size, p);
+  struct Case {
+    const char* conf;
+    std::size_t first_32mib, per_gib[4], then_100mib;
+    const char* why;
   };
-  DevPtr a = 0, c = 0;
-  ASSERT_EQ(creates_for(32 * MiB, &a), 16u) << "an empty heap: 16 handles of 2 MiB";
-  // 4 GiB in blocks below the size that handle_share leaves out (next test).
-  std::vector<DevPtr> large(4);
-  for (DevPtr& p : large) EXPECT_EQ(creates_for(1 * GiB, &p), 103u) << "10 MiB (max_handle_mb)";
-  EXPECT_EQ(creates_for(100 * MiB, &c), 10u) << "a large heap: 10 MiB handles";
-  std::vector<DevPtr> all = large;
-  all.push_back(a);
-  all.push_back(c);
-  for (DevPtr p : all) {
-    stamp(dev, p, 32 * MiB, p);
-    EXPECT_TRUE(check(dev, p, 32 * MiB, p));
+  for (Case c :
+       {Case{"", 16, {103, 103, 103, 103}, 10, "10 MiB (max_handle_mb) from 1.25 GiB held"},
+        Case{"size_ranges:on,handle_share:1024,gap_handles:0",
+             16,
+             {512, 512, 512, 256},
+             25,
+             "2 MiB up to 4 GiB held, then 4 MiB"}}) {
+    SCOPED_TRACE(c.conf);
+    TestDevice dev = make_test_device({.capacity = 1024 * GiB});
+    if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend's call counters";
+    ConfigResult r = parse_config(c.conf, inline_config());
+    ASSERT_TRUE(r.errors.empty());
+    r.config.fresh_coarse = 0;  // every fresh range in ordinary handles: their size is the subject
+    Pool pool(*dev.backend, r.config);
+    auto creates_for = [&](std::size_t size, DevPtr* p) {
+      return handles_created(dev, pool, size, p);
+    };
+    DevPtr a = 0, d = 0;
+    ASSERT_EQ(creates_for(32 * MiB, &a), c.first_32mib) << "an empty heap: 2 MiB handles";
+    // 4 GiB in blocks below the size that handle_share leaves out (next test).
+    std::vector<DevPtr> large(4);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(creates_for(1 * GiB, &large[i]), c.per_gib[i]) << c.why;
+    EXPECT_EQ(creates_for(100 * MiB, &d), c.then_100mib) << c.why;
+    std::vector<DevPtr> all = large;
+    all.push_back(a);
+    all.push_back(d);
+    for (DevPtr p : all) {
+      stamp(dev, p, 32 * MiB, p);
+      EXPECT_TRUE(check(dev, p, 32 * MiB, p));
+    }
+    for (DevPtr p : all) ASSERT_EQ(pool.deallocate(p), Status::ok);
+    EXPECT_EQ(pool.validate(0), "");
   }
-  for (DevPtr p : all) ASSERT_EQ(pool.deallocate(p), Status::ok);
-  EXPECT_EQ(pool.validate(0), "");
 }
 
-// A very large live block (handle_share x max_handle_mb, 1.25 GiB, or more: a preallocated KV
+// A very large live block (128 x max_handle_mb, 1.25 GiB, or more: a preallocated KV
 // cache, a flat parameter buffer) is left out of the bytes handle_share divides: alone it would
 // make every later handle 10 MiB, pinning more of them, while it pins nothing of its own. Once it
 // is freed its memory counts again.
@@ -769,78 +786,88 @@ TEST(Pool, PendingAboveA64thIsFencedBeforeFreshMemory) {
 // A very large live block allocated first (the end-to-end benchmark's 115 GiB balloon) does not
 // count in how much of the pool waits: with it counted, GPT training on the H200 never waited and
 // held 18.9-19.0 GiB instead of 18.3.
+// The same with the memory-first layout: its handle_share (1024) does not move the bound of a
+// very large block (an 8 GiB block counted there before 2026-12-06, and the allocation grew).
 TEST(Pool, StreamOrderedMissWaitsForPendingMemoryInsteadOfGrowing) {
   enum class Device { finishes, finishes_behind_a_huge_block, never_finishes, rule_off };
-  for (Device mode : {Device::finishes, Device::finishes_behind_a_huge_block,
-                      Device::never_finishes, Device::rule_off}) {
-    const bool finishes = mode == Device::finishes || mode == Device::finishes_behind_a_huge_block;
-    // 10 ms fences: the device looks busy, so no fence under the lock.
-    SimOptions slow_fences;
-    slow_fences.call_ns[static_cast<std::size_t>(SimOp::synchronize)] = 10'000'000;
-    TestDevice dev = make_test_device(slow_fences);
-    if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
-    Config c;
-    c.stream_miss_fence = mode != Device::rule_off;
-    Pool pool(*dev.backend, c);
-    const Stream s1 = 0x3000, s2 = 0x4000;
-    DevPtr huge = 0, resident = 0, a = 0, b = 0;
-    if (mode == Device::finishes_behind_a_huge_block) {
-      ASSERT_EQ(pool.allocate(0, 8 * GiB, s1, &huge), Status::ok);  // 64 x the 64 MiB below
-    }
-    ASSERT_EQ(pool.allocate(0, 512 * MiB, s1, &resident), Status::ok);
-    ASSERT_EQ(pool.allocate(0, 64 * MiB, s1, &a), Status::ok);
-    ASSERT_EQ(pool.deallocate(a, s1), Status::ok);
-    pool.drain_pending(0);  // one slow fence measured
-    ASSERT_EQ(pool.allocate(0, 64 * MiB, s1, &a), Status::ok);
-    const std::uint64_t fresh_before = pool.stats(0).fresh;
-    dev.sim->hold_device(true);
-    ASSERT_EQ(pool.deallocate(a, s1), Status::ok);
-    std::atomic<bool> released{false};
-    std::thread device;
-    if (finishes) {
-      device = std::thread([&] {
-        std::this_thread::sleep_for(std::chrono::milliseconds(30));  // past the old 20 ms bound
-        released = true;
-        dev.sim->hold_device(false);
-      });
-    }
-    const DeviceStats before = pool.stats(0);
-    ASSERT_EQ(pool.allocate(0, 64 * MiB, s2, &b), Status::ok);
-    // What the allocation waited for, as the program's threads' wait time says it.
-    const DeviceStats after = pool.stats(0);
-    EXPECT_EQ(after.fence_waits - before.fence_waits, mode == Device::rule_off ? 0u : 1u);
-    EXPECT_EQ(after.fence_waits_timed_out - before.fence_waits_timed_out,
-              mode == Device::never_finishes ? 1u : 0u);
-    if (finishes) {
-      EXPECT_GE(after.fence_wait_ns - before.fence_wait_ns, 20'000'000u);
-      EXPECT_TRUE(released) << "reused before the device finished";
-      EXPECT_EQ(a, b);
-      EXPECT_EQ(pool.stats(0).fresh, fresh_before) << "fresh memory while 64 MiB waited";
-      device.join();
-    } else {
-      EXPECT_NE(a, b) << "another stream's memory before its fence";
-      EXPECT_EQ(pool.stats(0).fresh, fresh_before + 1);
-      if (mode == Device::never_finishes) {
-        // Another miss while that fence is still out: fresh memory at once, no second wait.
-        DevPtr d = 0, e = 0;
-        ASSERT_EQ(pool.allocate(0, 64 * MiB, s2, &d), Status::ok);
-        ASSERT_EQ(pool.deallocate(d, s2), Status::ok);
-        const auto t0 = std::chrono::steady_clock::now();
-        ASSERT_EQ(pool.allocate(0, 96 * MiB, s1, &e), Status::ok);
-        EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(150))
-            << "waited again for a fence that had already run out once";
-        ASSERT_EQ(pool.deallocate(e, s1), Status::ok);
+  for (bool memory_first : {false, true})
+    for (Device mode : {Device::finishes, Device::finishes_behind_a_huge_block,
+                        Device::never_finishes, Device::rule_off}) {
+      SCOPED_TRACE(memory_first ? "memory-first layout" : "default layout");
+      const bool finishes =
+          mode == Device::finishes || mode == Device::finishes_behind_a_huge_block;
+      // 10 ms fences: the device looks busy, so no fence under the lock.
+      SimOptions slow_fences;
+      slow_fences.call_ns[static_cast<std::size_t>(SimOp::synchronize)] = 10'000'000;
+      TestDevice dev = make_test_device(slow_fences);
+      if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
+      Config c;
+      c.stream_miss_fence = mode != Device::rule_off;
+      if (memory_first) {
+        c.size_ranges = true;
+        c.handle_share = 1024;
+        c.gap_handles = 0;
       }
-      dev.sim->hold_device(false);
+      Pool pool(*dev.backend, c);
+      const Stream s1 = 0x3000, s2 = 0x4000;
+      DevPtr huge = 0, resident = 0, a = 0, b = 0;
+      if (mode == Device::finishes_behind_a_huge_block) {
+        ASSERT_EQ(pool.allocate(0, 8 * GiB, s1, &huge), Status::ok);  // 64 x the 64 MiB below
+      }
+      ASSERT_EQ(pool.allocate(0, 512 * MiB, s1, &resident), Status::ok);
+      ASSERT_EQ(pool.allocate(0, 64 * MiB, s1, &a), Status::ok);
+      ASSERT_EQ(pool.deallocate(a, s1), Status::ok);
+      pool.drain_pending(0);  // one slow fence measured
+      ASSERT_EQ(pool.allocate(0, 64 * MiB, s1, &a), Status::ok);
+      const std::uint64_t fresh_before = pool.stats(0).fresh;
+      dev.sim->hold_device(true);
+      ASSERT_EQ(pool.deallocate(a, s1), Status::ok);
+      std::atomic<bool> released{false};
+      std::thread device;
+      if (finishes) {
+        device = std::thread([&] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(30));  // past the old 20 ms bound
+          released = true;
+          dev.sim->hold_device(false);
+        });
+      }
+      const DeviceStats before = pool.stats(0);
+      ASSERT_EQ(pool.allocate(0, 64 * MiB, s2, &b), Status::ok);
+      // What the allocation waited for, as the program's threads' wait time says it.
+      const DeviceStats after = pool.stats(0);
+      EXPECT_EQ(after.fence_waits - before.fence_waits, mode == Device::rule_off ? 0u : 1u);
+      EXPECT_EQ(after.fence_waits_timed_out - before.fence_waits_timed_out,
+                mode == Device::never_finishes ? 1u : 0u);
+      if (finishes) {
+        EXPECT_GE(after.fence_wait_ns - before.fence_wait_ns, 20'000'000u);
+        EXPECT_TRUE(released) << "reused before the device finished";
+        EXPECT_EQ(a, b);
+        EXPECT_EQ(pool.stats(0).fresh, fresh_before) << "fresh memory while 64 MiB waited";
+        device.join();
+      } else {
+        EXPECT_NE(a, b) << "another stream's memory before its fence";
+        EXPECT_EQ(pool.stats(0).fresh, fresh_before + 1);
+        if (mode == Device::never_finishes) {
+          // Another miss while that fence is still out: fresh memory at once, no second wait.
+          DevPtr d = 0, e = 0;
+          ASSERT_EQ(pool.allocate(0, 64 * MiB, s2, &d), Status::ok);
+          ASSERT_EQ(pool.deallocate(d, s2), Status::ok);
+          const auto t0 = std::chrono::steady_clock::now();
+          ASSERT_EQ(pool.allocate(0, 96 * MiB, s1, &e), Status::ok);
+          EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(150))
+              << "waited again for a fence that had already run out once";
+          ASSERT_EQ(pool.deallocate(e, s1), Status::ok);
+        }
+        dev.sim->hold_device(false);
+      }
+      ASSERT_EQ(pool.deallocate(b, s2), Status::ok);
+      ASSERT_EQ(pool.deallocate(resident, s1), Status::ok);
+      if (huge != 0) {
+        ASSERT_EQ(pool.deallocate(huge, s1), Status::ok);
+      }
+      pool.drain_pending(0);
+      EXPECT_EQ(pool.validate(0), "");
     }
-    ASSERT_EQ(pool.deallocate(b, s2), Status::ok);
-    ASSERT_EQ(pool.deallocate(resident, s1), Status::ok);
-    if (huge != 0) {
-      ASSERT_EQ(pool.deallocate(huge, s1), Status::ok);
-    }
-    pool.drain_pending(0);
-    EXPECT_EQ(pool.validate(0), "");
-  }
 }
 
 TEST(Pool, StreamOrderedFreeIsReusedBySameStreamOnly) {
