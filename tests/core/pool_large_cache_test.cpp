@@ -327,7 +327,7 @@ TEST(PoolLargeCache, ReclaimerFenceCoversBlocksParkedWithCudaFreeSemantics) {
 
 // cudaMalloc of another size: blocks parked with cudaFree semantics go back to the device pool,
 // where they serve it, rather than sit in the arena while fresh memory is taken. Without size
-// ranges they merge with their neighbours into one free block; with them (the default) the 2 MiB
+// ranges they merge with their neighbours into one free block; with them (size_ranges:on) the 2 MiB
 // blocks lie in another size range's addresses than an 8 MiB request, and their handles move.
 TEST(PoolLargeCache, CudaMallocOfAnotherSizeGetsTheSmallerParkedBlocks) {
   for (bool ranges : {false, true}) {
