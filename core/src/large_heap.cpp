@@ -382,6 +382,10 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
        ++it) {
     if (it->size <= remaining && choose(const_cast<Handle*>(&*it))) ++spares_used;
   }
+  // candidates_ is this call's: the loops below must not see an earlier miss's idle handles,
+  // which may have moved or gone back to the driver since (grow_slack_pct's fresh-only calls
+  // collect none, and once released such a stale handle: PoolModel/GrowSlack).
+  candidates_.clear();
   if (move && remaining != 0) {
     collect_idle(w, rounded, remaining);
     for (Handle* h : candidates_) {
