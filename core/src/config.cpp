@@ -122,6 +122,14 @@ const std::vector<KeySpec>& key_specs() {
        [](std::string_view v, Config& c) { return parse_count(v, &c.gap_handles); }},
       {"size_ranges", "on or off",
        [](std::string_view v, Config& c) { return parse_bool(v, &c.size_ranges); }},
+      {"memory_first_mb", "a size in MiB, 0 (never) or between 2 and 1048576",
+       [](std::string_view v, Config& c) {
+         std::size_t s;
+         if (!parse_scaled(v, MiB, &s) || (s != 0 && (s < 2 * MiB || s > 1024 * GiB))) {
+           return false;
+         }
+         return c.memory_first = s, true;
+       }},
       {"stitching", "on or off",
        [](std::string_view v, Config& c) { return parse_bool(v, &c.stitching); }},
       {"reclaim", "thread or inline",

@@ -65,11 +65,13 @@ LargeHeap::Options heap_options(Backend& backend, const Config& config, int devi
   o.defer_unmap = config.unmap == Config::Unmap::lazy ||
                   (config.unmap == Config::Unmap::background && config.background_reclaim);
   o.max_split_size = config.max_split_size;
-  if (config.size_ranges) {
+  if (config.size_ranges || config.memory_first != 0) {
     o.range_limits[0] = kSizeRangeLimits[0];
     o.range_limits[1] = kSizeRangeLimits[1];
   }
   o.max_handles_per_gap = config.gap_handles;
+  o.ranges_always = config.size_ranges;
+  o.memory_first_below = config.memory_first;
   return o;
 }
 
@@ -327,9 +329,8 @@ Block* DevicePool::take_cached(std::size_t rounded, Stream stream) noexcept {
     if (it != stream_free_.end()) {
       // Best fit over all the stream may use: its own pending blocks and the fenced free ones.
       // (Its own first left the smaller free block to others and cut a larger one of its own.)
-      const std::uint8_t range = heap_.range_of(rounded);
-      auto own = LargeHeap::best_fit(it->second, rounded, range);
-      auto any = LargeHeap::best_fit(heap_.free_blocks(), rounded, range);
+      auto own = heap_.fit(it->second, rounded);
+      auto any = heap_.fit(heap_.free_blocks(), rounded);
       if (own != it->second.end() && any != heap_.free_blocks().end() && any->size < own->size) {
         if (Block* b = take_from(heap_, heap_.free_blocks(), rounded, false)) return b;
       }
@@ -341,12 +342,11 @@ Block* DevicePool::take_cached(std::size_t rounded, Stream stream) noexcept {
 
 Block* DevicePool::take_from(LargeHeap& heap, FreeSet& set, std::size_t rounded,
                              bool pending) noexcept {
-  const std::uint8_t range = heap.range_of(rounded);
   const std::size_t max_split = config_.max_split_size;
   Block* b = nullptr;
   std::size_t cut = 0;
   for (;;) {
-    auto it = LargeHeap::best_fit(set, rounded, range);
+    auto it = heap.fit(set, rounded);
     if (it == set.end()) return nullptr;
     b = &*it;
     if (rounded < max_split && b->size >= max_split) return nullptr;

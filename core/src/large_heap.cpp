@@ -108,6 +108,26 @@
 // instead of moved cut the maps by a fifth and the driver time by 3%. So the layout is a setting
 // for programs whose limit is memory, not the default.
 //
+// The memory-first phase (memory_first_mb, 4 GiB by default). The layout's gain is largest where
+// the heap is small (a granule a small block shares is a larger share of it) and its cost grows
+// with the heap (moves per step). So the heap uses it until it first holds memory_first_mb
+// outside very large live blocks, then the layout the settings give (the earlier one by default)
+// for every later placement: requests go to the largest requests' range, but one the phase would
+// have placed in a smaller range looks for free memory there first (fit()), so what the phase
+// left between small blocks is reused, not stranded (hf_llama_train in stream order 1.020 ->
+// 1.019; only the moves took it before). In replay (--whole-handles, 140 GiB; cudaFree / stream
+// order) the defaults then hold gpt_seqlen_b5 at 1.009 / 1.012 of demand (without the phase 1.013
+// / 1.016), hf_llama_train 1.007 / 1.019 (1.012 / 1.015), hf_llama_generate 1.023 / 1.026 (1.052
+// / 1.055), transformer_bucketed 1.009 / 1.009 (1.021 / 1.049), the dynseq traces 1.007 and 1.012
+// (1.012, 1.016): the 1.03x target on every row. The driver time is paid mostly while the heap
+// first grows: hf_llama_train 166 ms against 82, but 22 against 16 in the trace's second half;
+// gpt_seqlen_b5 in stream order 180 against 93, 15 against 11 in the second half. Bounds tried:
+// 2 GiB (hf_llama_train in stream order 1.025; 1.038 before fit() looked in the small ranges),
+// 8 GiB (1.022, more driver time); a bound on handles per gap in the phase (32: bucketed 1.031;
+// 64 or more: no change). On the GPU (an H100, 2026-12-06, two rounds; docs/address-space.md):
+// GPT 1.020-1.023x of PyTorch's allocated bytes (without the phase 1.025), HF Llama training
+// 1.026-1.028x (1.033-1.051), tokens/s not separable from the runs' noise that day.
+//
 // Alternatives measured (docs/address-space.md): the previous per-allocation views with stitching
 // by aliasing; fixed 20 MiB pages as expandable segments use (every fresh 1 GiB then costs 52
 // handles, ~2 ms on an H200); and different max_handle values in replay and on the GPU.
@@ -137,7 +157,9 @@ LargeHeap::LargeHeap(Backend& backend, int device, const Options& options,
       device_(device),
       observer_(observer),
       space_(backend, device, options.granularity),
-      backing_(backend, device) {
+      backing_(backend, device),
+      memory_first_(options.memory_first_below != 0),
+      ranges_in_use_(options.ranges_always || memory_first_) {
   try {
     candidates_.reserve(kMaxCandidates);
     chosen_.reserve(256);
@@ -163,7 +185,7 @@ Status LargeHeap::init(std::size_t device_total) noexcept {
   constexpr std::size_t kVeryLargeShare = 128;
   const std::size_t largest = std::min(align_down(options_.max_handle, g), device_handle_cap_);
   fine_cap_ = std::max(align_up(options_.min_handle, g), largest);
-  if (options_.handle_share != 0 && largest <= SIZE_MAX / kVeryLargeShare) {
+  if (largest <= SIZE_MAX / kVeryLargeShare) {
     share_exempt_ = kVeryLargeShare * largest;
   }
   std::size_t size = options_.span_size;
@@ -212,12 +234,11 @@ std::size_t LargeHeap::fine_handle(std::size_t fresh) const noexcept {
   // A small heap's handles are small: none above 1/handle_share of what the heap will hold, so
   // that what live blocks pin stays a small share of it; but a gap takes at most
   // max_handles_per_gap of them (0: no bound), which bounds what one fresh block costs.
-  if (options_.handle_share != 0) {
-    const std::size_t held = backing_.held_bytes();
-    const std::size_t base = held - std::min(held, exempt_live_);
-    const std::size_t share = (base + fresh) / options_.handle_share;
-    const std::size_t gap_bound =
-        options_.max_handles_per_gap == 0 ? g : align_up(fresh / options_.max_handles_per_gap, g);
+  const std::size_t handle_share = memory_first_ ? kMemoryFirstShare : options_.handle_share;
+  const std::size_t per_gap_bound = memory_first_ ? 0 : options_.max_handles_per_gap;
+  if (handle_share != 0) {
+    const std::size_t share = (working_held() + fresh) / handle_share;
+    const std::size_t gap_bound = per_gap_bound == 0 ? g : align_up(fresh / per_gap_bound, g);
     cap = std::min(cap, std::max({g, align_down(share, g), gap_bound}));
   }
   return std::max(smallest, std::min(align_up(fresh / per_gap, g), cap));
@@ -346,6 +367,10 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
                        Growth* growth, bool allow_move) noexcept {
   const std::size_t g = options_.granularity;
   const bool move = options_.move && allow_move;
+  if (memory_first_ && working_held() >= options_.memory_first_below) {
+    memory_first_ = false;
+    ranges_in_use_ = options_.ranges_always;
+  }
   Window w;
   const std::uint8_t top = range_of(SIZE_MAX);
   std::uint8_t range = range_of(rounded);  // where it goes: its size range's spans

@@ -54,7 +54,16 @@ class LargeHeap {
     // those of range 1, others among those of the last range (0: no such limit). Physical memory
     // moves between them freely.
     std::size_t range_limits[2] = {0, 0};
+    // The memory-first phase (large_heap.cpp: why): until the heap first holds this many bytes
+    // outside very large live blocks, requests are placed by size range (range_limits) and fresh
+    // handles are of 1/kMemoryFirstShare of the heap, with no bound per gap (0: no such phase).
+    std::size_t memory_first_below = 0;
+    // Size ranges after that phase too (size_ranges:on); otherwise every request is placed in
+    // the largest requests' range once it ends.
+    bool ranges_always = false;
   };
+  // handle_share during the memory-first phase.
+  static constexpr std::size_t kMemoryFirstShare = 1024;
   // How grow() served a request.
   struct Growth {
     std::size_t fresh_bytes = 0;  // created for it
@@ -90,14 +99,35 @@ class LargeHeap {
   // Fenced free blocks, by size range and size (DevicePool's best fit reads and cuts them).
   FreeSet& free_blocks() noexcept { return free_; }
   std::size_t largest_free() const noexcept;
-  // The size range of a request of `rounded` bytes (Options::range_limits).
+  // The size range of a request of `rounded` bytes (Options::range_limits): the last one for
+  // every request while ranges are not in use (after the memory-first phase).
   std::uint8_t range_of(std::size_t rounded) const noexcept {
     std::uint8_t r = 0;
     for (std::size_t limit : options_.range_limits) {
-      if (limit != 0 && rounded >= limit) ++r;
+      if (limit != 0 && (rounded >= limit || !ranges_in_use_)) ++r;
     }
     return r;
   }
+  // The smallest free block of set that can serve a request of `rounded` bytes (best fit), or
+  // set.end(). After the memory-first phase, a request that phase would have placed in a smaller
+  // size range looks there first: the free memory between the small blocks it left is reused,
+  // not stranded (hf_llama_train in stream order, replay: 1.020 -> 1.0xx of demand).
+  FreeSet::iterator fit(FreeSet& set, std::size_t rounded) const noexcept {
+    const std::uint8_t range = range_of(rounded);
+    if (!ranges_in_use_ && options_.memory_first_below != 0) {
+      std::uint8_t home = 0;
+      for (std::size_t limit : options_.range_limits) {
+        if (limit != 0 && rounded >= limit) ++home;
+      }
+      if (home != range) {
+        auto it = best_fit(set, rounded, home);
+        if (it != set.end()) return it;
+      }
+    }
+    return best_fit(set, rounded, range);
+  }
+  // Whether the heap is still in its memory-first phase (Options::memory_first_below).
+  bool memory_first() const noexcept { return memory_first_; }
   // The smallest block of set in rounded's size range holding at least `rounded` bytes (best
   // fit), or set.end().
   static FreeSet::iterator best_fit(FreeSet& set, std::size_t rounded,
@@ -157,6 +187,11 @@ class LargeHeap {
   Status grant_peer(int peer) noexcept { return backing_.grant_peer(peer); }
 
   std::size_t reserved_bytes() const noexcept { return backing_.held_bytes(); }
+  // What the heap holds outside very large live blocks (those handle_share leaves out).
+  std::size_t working_held() const noexcept {
+    const std::size_t held = backing_.held_bytes();
+    return held - std::min(held, exempt_live_);
+  }
   std::size_t mapped_bytes() const noexcept { return backing_.mapped_bytes(); }
   std::size_t handle_count() const noexcept { return backing_.handle_count(); }
   std::size_t span_count() const noexcept { return space_.span_count(); }
@@ -240,6 +275,8 @@ class LargeHeap {
   std::size_t coarse_cap_ = SIZE_MAX;         // 1/64 of the device (init)
   std::size_t fine_cap_ = SIZE_MAX;           // no ordinary handle is larger (init)
   std::size_t coarse_created_ = 0;            // coarse handles ever created: split_for_cut's guard
+  bool memory_first_ = false;  // in the memory-first phase (it ends once, never restarts)
+  bool ranges_in_use_ = false;
 };
 
 }  // namespace gpustitch::detail

@@ -336,6 +336,7 @@ TEST(PoolLargeCache, CudaMallocOfAnotherSizeGetsTheSmallerParkedBlocks) {
     if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated device";
     Config c = cache_on(inline_config());
     c.size_ranges = ranges;
+    if (!ranges) c.memory_first = 0;  // nor size ranges while the heap is small
     Pool pool(*dev.backend, c);
     Worker w;
     w.run([&] {

@@ -29,6 +29,14 @@ inline gpustitch::Config inline_config() {
   return c;
 }
 
+// inline_config() without the memory-first phase (memory_first_mb:0): for tests of the handle
+// sizes and placement the heap uses once that phase is over.
+inline gpustitch::Config no_memory_first() {
+  gpustitch::Config c = inline_config();
+  c.memory_first = 0;
+  return c;
+}
+
 // Writes an 8-byte tag at the start, the middle and the end of [p, p+size); check() reads them
 // back.
 inline void stamp(TestDevice& d, gpustitch::DevPtr p, std::size_t size, std::uint64_t tag) {
