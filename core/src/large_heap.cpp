@@ -116,12 +116,15 @@
 // have placed in a smaller range looks for free memory there first (fit()), so what the phase
 // left between small blocks is reused, not stranded (hf_llama_train in stream order 1.020 ->
 // 1.019; only the moves took it before). In replay (--whole-handles, 140 GiB; cudaFree / stream
-// order) the defaults then hold gpt_seqlen_b5 at 1.009 / 1.012 of demand (without the phase 1.013
+// order) the defaults then hold gpt_seqlen_b5 at 1.009 / 1.014 of demand (without the phase 1.013
 // / 1.016), hf_llama_train 1.007 / 1.019 (1.012 / 1.015), hf_llama_generate 1.023 / 1.026 (1.052
 // / 1.055), transformer_bucketed 1.009 / 1.009 (1.021 / 1.049), the dynseq traces 1.007 and 1.012
 // (1.012, 1.016): the 1.03x target on every row. The driver time is paid mostly while the heap
-// first grows: hf_llama_train 166 ms against 82, but 22 against 16 in the trace's second half;
-// gpt_seqlen_b5 in stream order 180 against 93, 15 against 11 in the second half. Bounds tried:
+// first grows: hf_llama_train 159 ms against 82, but 20 against 16 in the trace's second half;
+// gpt_seqlen_b5 in stream order 175 against 93, 13 against 11 in the second half. After the
+// phase, a miss gives the phase's small idle handles back and takes handles of its own size
+// rather than moving them (grow(): consolidate), which took those second halves from 22 and 15 ms
+// to 20 and 13, peak reserved the same on every trace. Bounds tried:
 // 2 GiB (hf_llama_train in stream order 1.025; 1.038 before fit() looked in the small ranges),
 // 8 GiB (1.022, more driver time); a bound on handles per gap in the phase (32: bucketed 1.031;
 // 64 or more: no change). On the GPU (an H100, 2026-12-06, two rounds; docs/address-space.md):
@@ -371,6 +374,8 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
     memory_first_ = false;
     ranges_in_use_ = options_.ranges_always;
   }
+  bool consolidate = move && options_.memory_first_below != 0 && !memory_first_;
+  std::size_t released_small = 0;  // given back by consolidate (below)
   Window w;
   const std::uint8_t top = range_of(SIZE_MAX);
   std::uint8_t range = range_of(rounded);  // where it goes: its size range's spans
@@ -411,11 +416,31 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
   // which may have moved or gone back to the driver since (grow_slack_pct's fresh-only calls
   // collect none, and once released such a stale handle: PoolModel/GrowSlack).
   candidates_.clear();
+  consolidate = consolidate && remaining <= fresh_allowance;  // below: why
+  const std::size_t ordinary = consolidate ? fine_handle(remaining) : 0;
   if (move && remaining != 0) {
     collect_idle(w, rounded, remaining);
     for (Handle* h : candidates_) {
       if (remaining == 0) break;
+      if (consolidate && h->size * 2 <= ordinary) continue;  // given back below instead
       if (h->size <= remaining && choose(h)) ++moved;
+    }
+  }
+  // After the memory-first phase, idle handles of half an ordinary handle or less (the phase's
+  // one-granule handles, mostly) go back to the driver instead of moving, as many as the rest of
+  // the gap needs, and the gap gets ordinary handles for them: each is replaced once, and later
+  // moves map fewer handles. In replay, driver time in the second half of hf_llama_train 22 -> 20
+  // ms (the earlier layout 16), gpt_seqlen_b5 in stream order 15 -> 12 (11), peak reserved the
+  // same on every trace. Only where the device has fresh memory for the gap anyway, so that a
+  // refused create cannot turn memory the pool held into an out-of-memory.
+  if (consolidate && remaining != 0) {
+    for (Handle*& h : candidates_) {
+      if (released_small >= remaining) break;
+      if (h->size * 2 > ordinary || std::find(chosen_.begin(), chosen_.end(), h) != chosen_.end()) {
+        continue;
+      }
+      released_small += release_mapped(h);
+      h = nullptr;  // gone (or, refused by the driver, no longer mapped here)
     }
   }
   // Coarse handles lying idle that are too large to move here (they are split lazily:
@@ -426,7 +451,8 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
     std::size_t given_back = 0;
     for (Handle*& h : candidates_) {
       if (given_back >= remaining) break;
-      if (h->size <= fine_cap_ || std::find(chosen_.begin(), chosen_.end(), h) != chosen_.end()) {
+      if (h == nullptr || h->size <= fine_cap_ ||
+          std::find(chosen_.begin(), chosen_.end(), h) != chosen_.end()) {
         continue;
       }
       given_back += release_mapped(h);

@@ -442,6 +442,47 @@ TEST(Pool, AfterTheMemoryFirstPhaseSmallRequestsReuseTheSmallRangesFreeMemory) {
   EXPECT_EQ(pool.validate(0), "");
 }
 
+// After the memory-first phase a miss gives the phase's small idle handles back to the driver
+// rather than moving them, and backs its gap with handles of the size it would take fresh:
+// reserved ends where moving would have left it, and later moves map fewer handles. Here the
+// phase backed A (40 MiB) with 20 one-granule handles; after it, a 60 MiB miss (handles of 4 MiB:
+// 1/16 of the gap) releases those 20 and creates 15, where moving them would have mapped 20 + 5.
+TEST(Pool, AfterTheMemoryFirstPhaseSmallIdleHandlesAreReplacedNotMoved) {
+  TestDevice dev = make_test_device();
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated backend's call counters";
+  ConfigResult r = parse_config("memory_first_mb:64,fresh_coarse_mb:0", inline_config());
+  ASSERT_TRUE(r.errors.empty());
+  Pool pool(*dev.backend, r.config);
+  DevPtr a = 0, b = 0, c = 0, d = 0;
+  ASSERT_EQ(pool.allocate(0, 40 * MiB, kAnyStream, &a), Status::ok);
+  ASSERT_EQ(pool.stats(0).handles, 20u) << "one granule each in the phase";
+  ASSERT_EQ(pool.allocate(0, 40 * MiB, kAnyStream, &b), Status::ok);
+  ASSERT_EQ(pool.allocate(0, 4 * MiB, kAnyStream, &c), Status::ok);  // 80 MiB held: the phase ends
+  stamp(dev, b, 40 * MiB, 2);
+  stamp(dev, c, 4 * MiB, 3);
+  ASSERT_EQ(pool.deallocate(a), Status::ok);
+  pool.drain_pending(0);
+  const DeviceStats before = pool.stats(0);
+  const auto creates = dev.sim->calls(SimOp::create);
+  const auto releases = dev.sim->calls(SimOp::release);
+  const auto maps = dev.sim->calls(SimOp::map);
+  ASSERT_EQ(pool.allocate(0, 60 * MiB, kAnyStream, &d), Status::ok);
+  EXPECT_EQ(dev.sim->calls(SimOp::release) - releases, 20u) << "A's handles went back";
+  EXPECT_EQ(dev.sim->calls(SimOp::create) - creates, 15u) << "60 MiB in 4 MiB handles";
+  EXPECT_EQ(dev.sim->calls(SimOp::map) - maps, 15u);
+  const DeviceStats after = pool.stats(0);
+  EXPECT_EQ(after.bytes_reserved, before.bytes_reserved + 20 * MiB) << "as moving would leave it";
+  EXPECT_EQ(after.handles, before.handles - 20 + 15);
+  stamp(dev, d, 60 * MiB, 4);
+  EXPECT_TRUE(check(dev, b, 40 * MiB, 2));
+  EXPECT_TRUE(check(dev, c, 4 * MiB, 3));
+  EXPECT_TRUE(check(dev, d, 60 * MiB, 4));
+  EXPECT_EQ(pool.validate(0), "");
+  for (DevPtr p : {b, c, d}) ASSERT_EQ(pool.deallocate(p), Status::ok);
+  pool.drain_pending(0);
+  EXPECT_EQ(pool.validate(0), "");
+}
+
 // A size range whose address space runs out while the driver refuses another reservation places
 // its requests in the largest requests' range: no out-of-memory while the device has memory.
 // Range 1 (1-4 MiB) gets 1/8 of the first span: 512 MiB on this 2 GiB device (a 4 GiB span), so
