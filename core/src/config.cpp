@@ -55,6 +55,14 @@ bool parse_scaled(std::string_view v, std::size_t unit, std::size_t* out) {
   return true;
 }
 
+// A size in MiB, 0 (no limit, or never) or between 2 and 1048576 (max_handle_mb and the like).
+bool parse_mb_or_zero(std::string_view v, std::size_t* out) {
+  std::size_t s;
+  if (!parse_scaled(v, MiB, &s) || (s != 0 && (s < 2 * MiB || s > 1024 * GiB))) return false;
+  *out = s;
+  return true;
+}
+
 struct KeySpec {
   std::string_view key;
   std::string_view expects;  // for the error message
@@ -101,21 +109,9 @@ const std::vector<KeySpec>& key_specs() {
       {"fresh_handles", "a count between 0 and 65536 (0 = no limit)",
        [](std::string_view v, Config& c) { return parse_count(v, &c.fresh_handles); }},
       {"max_handle_mb", "a size in MiB, 0 (no limit) or between 2 and 1048576",
-       [](std::string_view v, Config& c) {
-         std::size_t s;
-         if (!parse_scaled(v, MiB, &s) || (s != 0 && (s < 2 * MiB || s > 1024 * GiB))) {
-           return false;
-         }
-         return c.max_handle = s, true;
-       }},
+       [](std::string_view v, Config& c) { return parse_mb_or_zero(v, &c.max_handle); }},
       {"fresh_coarse_mb", "a size in MiB, 0 (never) or between 2 and 1048576",
-       [](std::string_view v, Config& c) {
-         std::size_t s;
-         if (!parse_scaled(v, MiB, &s) || (s != 0 && (s < 2 * MiB || s > 1024 * GiB))) {
-           return false;
-         }
-         return c.fresh_coarse = s, true;
-       }},
+       [](std::string_view v, Config& c) { return parse_mb_or_zero(v, &c.fresh_coarse); }},
       {"handle_share", "a count between 0 and 65536 (0 = no limit)",
        [](std::string_view v, Config& c) { return parse_count(v, &c.handle_share); }},
       {"gap_handles", "a count between 0 and 65536 (0 = no limit)",
@@ -123,13 +119,7 @@ const std::vector<KeySpec>& key_specs() {
       {"size_ranges", "on or off",
        [](std::string_view v, Config& c) { return parse_bool(v, &c.size_ranges); }},
       {"memory_first_mb", "a size in MiB, 0 (never) or between 2 and 1048576",
-       [](std::string_view v, Config& c) {
-         std::size_t s;
-         if (!parse_scaled(v, MiB, &s) || (s != 0 && (s < 2 * MiB || s > 1024 * GiB))) {
-           return false;
-         }
-         return c.memory_first = s, true;
-       }},
+       [](std::string_view v, Config& c) { return parse_mb_or_zero(v, &c.memory_first); }},
       {"stitching", "on or off",
        [](std::string_view v, Config& c) { return parse_bool(v, &c.stitching); }},
       {"reclaim", "thread or inline",
