@@ -127,9 +127,12 @@
 // to 20 and 13, peak reserved the same on every trace. Bounds tried:
 // 2 GiB (hf_llama_train in stream order 1.025; 1.038 before fit() looked in the small ranges),
 // 8 GiB (1.022, more driver time); a bound on handles per gap in the phase (32: bucketed 1.031;
-// 64 or more: no change). On the GPU (an H100, 2026-12-06, two rounds; docs/address-space.md):
-// GPT 1.020-1.023x of PyTorch's allocated bytes (without the phase 1.025), HF Llama training
-// 1.026-1.028x (1.033-1.051), tokens/s not separable from the runs' noise that day.
+// 64 or more: no change). On the GPU (an H100, 2026-12-06; README, "The memory-first phase"):
+// GPT 1.018-1.023x of PyTorch's allocated bytes in four rounds (without the phase 1.021-1.025),
+// HF Llama training 1.026-1.031x in seven runs of nine and 1.044-1.045x in two (without it
+// 1.031-1.051x), a small generate() run 732 MB against 740; tokens/s not separable from the
+// runs' noise that day. HF's recorded traces replay to 1.019x with the phase and 1.015x without:
+// on the largest programs the phase is about level, not better.
 //
 // Alternatives measured (docs/address-space.md): the previous per-allocation views with stitching
 // by aliasing; fixed 20 MiB pages as expandable segments use (every fresh 1 GiB then costs 52
