@@ -483,6 +483,42 @@ TEST(Pool, AfterTheMemoryFirstPhaseSmallIdleHandlesAreReplacedNotMoved) {
   EXPECT_EQ(pool.validate(0), "");
 }
 
+// The same, with the driver refusing every create: the small handles were given back before the
+// fresh ones failed, so the caller gets out_of_memory (the native error), the pool stays valid
+// and holds no more than before, and the live blocks' bytes are intact; once the driver creates
+// again the request is served.
+TEST(Pool, AfterTheMemoryFirstPhaseARefusedCreateLosesNothing) {
+  TestDevice dev = make_test_device();
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs a simulated device";
+  ConfigResult r = parse_config("memory_first_mb:64,fresh_coarse_mb:0", inline_config());
+  ASSERT_TRUE(r.errors.empty());
+  Pool pool(*dev.backend, r.config);
+  DevPtr a = 0, b = 0, c = 0, d = 0;
+  ASSERT_EQ(pool.allocate(0, 40 * MiB, kAnyStream, &a), Status::ok);
+  ASSERT_EQ(pool.allocate(0, 40 * MiB, kAnyStream, &b), Status::ok);
+  ASSERT_EQ(pool.allocate(0, 4 * MiB, kAnyStream, &c), Status::ok);
+  stamp(dev, b, 40 * MiB, 2);
+  stamp(dev, c, 4 * MiB, 3);
+  ASSERT_EQ(pool.deallocate(a), Status::ok);
+  pool.drain_pending(0);
+  const std::size_t reserved = pool.stats(0).bytes_reserved;
+  dev.sim->fail_always(SimOp::create, true);
+  EXPECT_EQ(pool.allocate(0, 60 * MiB, kAnyStream, &d), Status::out_of_memory);
+  dev.sim->fail_always(SimOp::create, false);
+  EXPECT_LE(pool.stats(0).bytes_reserved, reserved);
+  EXPECT_EQ(pool.validate(0), "");
+  EXPECT_TRUE(check(dev, b, 40 * MiB, 2));
+  EXPECT_TRUE(check(dev, c, 4 * MiB, 3));
+  ASSERT_EQ(pool.allocate(0, 60 * MiB, kAnyStream, &d), Status::ok);
+  stamp(dev, d, 60 * MiB, 4);
+  EXPECT_TRUE(check(dev, d, 60 * MiB, 4));
+  EXPECT_TRUE(check(dev, b, 40 * MiB, 2));
+  EXPECT_EQ(pool.validate(0), "");
+  for (DevPtr p : {b, c, d}) ASSERT_EQ(pool.deallocate(p), Status::ok);
+  pool.drain_pending(0);
+  EXPECT_EQ(pool.validate(0), "");
+}
+
 // A size range whose address space runs out while the driver refuses another reservation places
 // its requests in the largest requests' range: no out-of-memory while the device has memory.
 // Range 1 (1-4 MiB) gets 1/8 of the first span: 512 MiB on this 2 GiB device (a 4 GiB span), so
