@@ -124,9 +124,14 @@
 // gpt_seqlen_b5 in stream order 175 against 93, 13 against 11 in the second half. After the
 // phase, a miss gives the phase's small idle handles back and takes handles of its own size
 // rather than moving them (grow(): consolidate), which took those second halves from 22 and 15 ms
-// to 20 and 13, peak reserved the same on every trace. Bounds tried:
-// 2 GiB (hf_llama_train in stream order 1.025; 1.038 before fit() looked in the small ranges),
-// 8 GiB (1.022, more driver time); a bound on handles per gap in the phase (32: bucketed 1.031;
+// to 20 and 13, peak reserved the same on every trace. Bounds tried: hf_llama_train in stream
+// order is the one trace they move, and not smoothly: 2 GiB 1.025 (1.038 before fit() looked in
+// the small ranges), 3 GiB 1.036, 4 GiB 1.019, 5 GiB 1.017, 5.5-6 GiB 1.014, 6.5-8 GiB 1.023,
+// for more driver time the higher the bound. Where the phase ends decides which blocks lie in
+// the small ranges' spans and how the later ones pack around them, so that trace's peak is a
+// chaotic function of the bound (and on the GPU of the reclaimer's timing: two HF runs of nine
+// at 1.044x); 4 GiB is the round figure that no trace punishes, not a tuned optimum. A bound on
+// handles per gap in the phase (32: bucketed 1.031;
 // 64 or more: no change). On the GPU (an H100, 2026-12-06; README, "The memory-first phase"):
 // GPT 1.018-1.023x of PyTorch's allocated bytes in four rounds (without the phase 1.021-1.025),
 // HF Llama training 1.026-1.031x in seven runs of nine and 1.044-1.045x in two (without it
