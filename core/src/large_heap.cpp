@@ -382,8 +382,17 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
     memory_first_ = false;
     ranges_in_use_ = options_.ranges_always;
   }
-  bool consolidate = move && options_.memory_first_below != 0 && !memory_first_;
-  std::size_t released_small = 0;  // given back by consolidate (below)
+  // After the memory-first phase, idle handles of half an ordinary handle or less (the phase's
+  // one-granule handles, mostly) are not moved: the gap gets fresh handles of its own size for
+  // them, and once those exist, as many small ones go back to the driver. Each is replaced once,
+  // and later moves map fewer handles. In replay, driver time in the second half of
+  // hf_llama_train 22 -> 20 ms (the earlier layout 16), gpt_seqlen_b5 in stream order 15 -> 12
+  // (11), peak reserved the same on every trace. The creates come first, so that a driver with
+  // no memory for them costs nothing: the miss is planned again with the small handles moved
+  // (SeedsScenario: a full device, where releasing first gave back memory the request then did
+  // not get).
+  bool consolidate =
+      move && options_.memory_first_below != 0 && !memory_first_ && !consolidate_off_;
   Window w;
   const std::uint8_t top = range_of(SIZE_MAX);
   std::uint8_t range = range_of(rounded);  // where it goes: its size range's spans
@@ -426,39 +435,28 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
   candidates_.clear();
   consolidate = consolidate && remaining <= fresh_allowance;  // below: why
   const std::size_t ordinary = consolidate ? fine_handle(remaining) : 0;
+  std::size_t as_moved = remaining;  // what would remain had the small handles moved too
   if (move && remaining != 0) {
     collect_idle(w, rounded, remaining);
     for (Handle* h : candidates_) {
-      if (remaining == 0) break;
-      if (consolidate && h->size * 2 <= ordinary) continue;  // given back below instead
-      if (h->size <= remaining && choose(h)) ++moved;
-    }
-  }
-  // After the memory-first phase, idle handles of half an ordinary handle or less (the phase's
-  // one-granule handles, mostly) go back to the driver instead of moving, as many as the rest of
-  // the gap needs, and the gap gets ordinary handles for them: each is replaced once, and later
-  // moves map fewer handles. In replay, driver time in the second half of hf_llama_train 22 -> 20
-  // ms (the earlier layout 16), gpt_seqlen_b5 in stream order 15 -> 12 (11), peak reserved the
-  // same on every trace. Only where the device has fresh memory for the gap anyway, so that a
-  // refused create cannot turn memory the pool held into an out-of-memory.
-  if (consolidate && remaining != 0) {
-    for (Handle*& h : candidates_) {
-      if (released_small >= remaining) break;
-      if (h->size * 2 > ordinary || std::find(chosen_.begin(), chosen_.end(), h) != chosen_.end()) {
-        continue;
+      if (as_moved == 0) break;
+      if (h->size > as_moved) continue;
+      if (consolidate && h->size * 2 <= ordinary) {
+        as_moved -= h->size;  // replaced by fresh memory below, then given back
+      } else if (choose(h)) {
+        ++moved;
+        as_moved -= h->size;
       }
-      released_small += release_mapped(h);
-      h = nullptr;  // gone (or, refused by the driver, no longer mapped here)
     }
   }
   // Coarse handles lying idle that are too large to move here (they are split lazily:
   // split_for_cut) go back to the driver before fresh memory is taken, as many as the rest needs:
   // what the heap holds then shrinks, where moving their ordinary-size parts would have kept it
   // level.
-  if (remaining != 0 && coarse_created_ != 0) {
+  if (as_moved != 0 && coarse_created_ != 0) {
     std::size_t given_back = 0;
     for (Handle*& h : candidates_) {
-      if (given_back >= remaining) break;
+      if (given_back >= as_moved) break;
       if (h == nullptr || h->size <= fine_cap_ ||
           std::find(chosen_.begin(), chosen_.end(), h) != chosen_.end()) {
         continue;
@@ -528,6 +526,12 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
     const std::size_t size = plan.next(done);
     if (backing_.create(size, &h) != Status::ok) {
       release_created();
+      if (consolidate) {  // nothing has moved or gone back: plan it again with moves only
+        consolidate_off_ = true;
+        const Status again = grow(rounded, fresh_allowance, out, growth, allow_move);
+        consolidate_off_ = false;
+        return again;
+      }
       if (!overshoot()) return Status::out_of_memory;
       fresh = 0;  // the excess of an idle handle stands in for it
       break;
@@ -536,6 +540,19 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
     ++created;
     done += size;
     if (size > fine_cap_) ++coarse_created_;
+  }
+  // The fresh handles exist: the small idle ones they stand in for go back (consolidate, above).
+  if (consolidate) {
+    const std::size_t replaced = remaining - as_moved;  // the small handles' share of fresh
+    std::size_t released = 0;
+    for (Handle* h : candidates_) {
+      if (released >= replaced) break;
+      if (h == nullptr || h->size * 2 > ordinary ||
+          std::find(chosen_.begin(), chosen_.end(), h) != chosen_.end()) {
+        continue;
+      }
+      released += release_mapped(h);
+    }
   }
   // Move: unmap idle handles where they lie (or leave that to the reclaimer thread:
   // defer_unmap); their place becomes unbacked. One the driver will not unmap stays where it is,

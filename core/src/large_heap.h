@@ -274,7 +274,8 @@ class LargeHeap {
   std::size_t coarse_cap_ = SIZE_MAX;         // 1/64 of the device (init)
   std::size_t fine_cap_ = SIZE_MAX;           // no ordinary handle is larger (init)
   std::size_t coarse_created_ = 0;            // coarse handles ever created: split_for_cut's guard
-  bool memory_first_ = false;  // in the memory-first phase (it ends once, never restarts)
+  bool memory_first_ = false;     // in the memory-first phase (it ends once, never restarts)
+  bool consolidate_off_ = false;  // grow() planning a miss again after a refused create
   bool ranges_in_use_ = false;
 };
 
