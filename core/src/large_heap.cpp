@@ -433,7 +433,7 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
   // which may have moved or gone back to the driver since (grow_slack_pct's fresh-only calls
   // collect none, and once released such a stale handle: PoolModel/GrowSlack).
   candidates_.clear();
-  consolidate = consolidate && remaining <= fresh_allowance;  // below: why
+  consolidate = consolidate && remaining <= fresh_allowance;  // within the pool's cap
   const std::size_t ordinary = consolidate ? fine_handle(remaining) : 0;
   std::size_t as_moved = remaining;  // what would remain had the small handles moved too
   if (move && remaining != 0) {
