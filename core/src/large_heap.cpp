@@ -108,7 +108,8 @@
 // instead of moved cut the maps by a fifth and the driver time by 3%. So the layout is a setting
 // for programs whose limit is memory, not the default.
 //
-// The memory-first phase (memory_first_mb, 4 GiB by default). The layout's gain is largest where
+// The memory-first phase (memory_first_mb, 8 GiB by default; see the end of this paragraph for
+// why not 4). The layout's gain is largest where
 // the heap is small (a granule a small block shares is a larger share of it) and its cost grows
 // with the heap (moves per step). So the heap uses it until it first holds memory_first_mb
 // outside very large live blocks, then the layout the settings give (the earlier one by default)
@@ -130,7 +131,7 @@
 // for more driver time the higher the bound. Where the phase ends decides which blocks lie in
 // the small ranges' spans and how the later ones pack around them, so that trace's peak is a
 // chaotic function of the bound (and on the GPU of the reclaimer's timing: two HF runs of nine
-// at 1.044x); 4 GiB is the round figure that no trace punishes, not a tuned optimum. A bound on
+// at 1.044x); 4 GiB was the round figure that no trace punished in that replay. A bound on
 // handles per gap in the phase (32: bucketed 1.031;
 // 64 or more: no change). On the GPU (an H100, 2026-12-06; README, "The memory-first phase"):
 // GPT 1.018-1.023x of PyTorch's allocated bytes in four rounds (without the phase 1.021-1.025),
@@ -138,6 +139,18 @@
 // 1.031-1.051x), a small generate() run 732 MB against 740; tokens/s not separable from the
 // runs' noise that day. HF's recorded traces replay to 1.019x with the phase and 1.015x without:
 // on the largest programs the phase is about level, not better.
+// Those figures came from a replay that made every call from one thread. PyTorch's training
+// traces come from two (the Python thread and autograd's device thread), and the pool gives each
+// thread an arena of its own (small pool and chunks); replay now makes each trace thread's calls
+// on a thread of its own (tools/replay/trace_threads.h), and with it hf_llama_train in stream order
+// held 1.037x at the 4 GiB bound: what the GPU showed in its worst runs (six traced HF runs, all
+// the same event sequence: 1.019-1.040x with the reclaimer thread, 1.034x in three runs with
+// reclaim:inline, which replay models). With two threads, bounds of 0 (no phase), 2, 4, 6 and 8
+// GiB held that trace at 1.020, 1.021, 1.037, 1.018 and 1.017, and 8 GiB was the lowest or level
+// on every other trace and order (max 1.026x; gpt_seqlen_b5 in stream order 1.012 against 1.016)
+// for 5-14% more driver time; on the H100, three interleaved rounds of HF: 1.015-1.025x against
+// 1.018-1.034x at 4 GiB and 1.020-1.023x without the phase. Hence 8 GiB; where the phase ends
+// still moves the peak chaotically, so this is the best of the bounds tried, not an optimum.
 //
 // Alternatives measured (docs/address-space.md): the previous per-allocation views with stitching
 // by aliasing; fixed 20 MiB pages as expandable segments use (every fresh 1 GiB then costs 52

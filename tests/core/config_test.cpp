@@ -104,7 +104,7 @@ TEST(Config, HandleSizeKeys) {
 
 TEST(Config, MemoryFirstLayoutKeys) {
   EXPECT_FALSE(Config{}.size_ranges) << "off by default";
-  EXPECT_EQ(Config{}.memory_first, 4 * GiB);
+  EXPECT_EQ(Config{}.memory_first, 8 * GiB);
   EXPECT_EQ(parse_config("memory_first_mb:0").config.memory_first, 0u) << "0: never";
   EXPECT_EQ(parse_config("memory_first_mb:512").config.memory_first, 512 * MiB);
   EXPECT_FALSE(parse_config("memory_first_mb:1").errors.empty()) << "below one granule";

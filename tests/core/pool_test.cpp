@@ -560,7 +560,7 @@ TEST(Pool, ASizeRangeWithoutAddressSpaceUsesTheLargestRange) {
 // what a live block pins stays a small share of it; a large heap's reach max_handle_mb. The memory
 // a small program frees then moves piece by piece. With the memory-first layout (1/1024, no bound
 // per fresh range) they stay at one granule up to 2 GiB held; by default the heap uses that layout
-// until it first holds 4 GiB (memory_first_mb), then 1/128 with at most 16 per fresh range, where
+// until it first holds 8 GiB (memory_first_mb), then 1/128 with at most 16 per fresh range, where
 // handles reach 10 MiB at 1.25 GiB held.
 TEST(Pool, SmallHeapsGetSmallHandles) {
   struct Case {
@@ -574,7 +574,12 @@ TEST(Pool, SmallHeapsGetSmallHandles) {
              {103, 103, 103, 103},
              10,
              "10 MiB (max_handle_mb) from 1.25 GiB held"},
-        Case{"", 16, {512, 512, 512, 256}, 10, "the memory-first phase up to 4 GiB, then 10 MiB"},
+        Case{"memory_first_mb:4096",
+             16,
+             {512, 512, 512, 256},
+             10,
+             "the memory-first phase up to 4 GiB, then 10 MiB"},
+        Case{"", 16, {512, 512, 512, 256}, 25, "the memory-first phase (8 GiB): 4 MiB at 4 GiB"},
         Case{"size_ranges:on,handle_share:1024,gap_handles:0",
              16,
              {512, 512, 512, 256},

@@ -32,6 +32,10 @@ class ReplayPolicy {
   // for deallocate.
   virtual bool allocate(int device, std::size_t size, Stream stream, std::uint64_t* handle) = 0;
   virtual void deallocate(int device, std::uint64_t handle, std::size_t size, Stream stream) = 0;
+  // The trace's thread of the calls that follow (its Thread column). A policy whose state is per
+  // thread (the gpustitch pool's arenas) makes them on a thread of its own for each; the others
+  // ignore it.
+  virtual void set_thread(std::uint64_t thread) { (void)thread; }
   // Physical memory the policy holds on device now.
   virtual std::uint64_t reserved(int device) const = 0;
   // Highest reserved seen by the policy itself (it may exceed what is sampled between calls);

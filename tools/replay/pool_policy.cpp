@@ -17,6 +17,7 @@
 
 #include "driver_cost.h"
 #include "policy.h"
+#include "trace_threads.h"
 
 namespace gpustitch::replay {
 
@@ -62,15 +63,18 @@ class PoolPolicy final : public ReplayPolicy {
 
   std::string name() const override { return name_; }
 
+  void set_thread(std::uint64_t thread) override { thread_ = thread; }
   bool allocate(int device, std::size_t size, Stream stream, std::uint64_t* handle) override {
     DevPtr p = 0;
-    if (pool_.allocate(device, size, stream, &p) != Status::ok) return false;
+    Status s = Status::ok;
+    threads_.run(thread_, [&] { s = pool_.allocate(device, size, stream, &p); });
+    if (s != Status::ok) return false;
     *handle = p;
     if (explain_peak_) note_peak(device, size);
     return true;
   }
   void deallocate(int, std::uint64_t handle, std::size_t, Stream stream) override {
-    pool_.deallocate(static_cast<DevPtr>(handle), stream);
+    threads_.run(thread_, [&] { pool_.deallocate(static_cast<DevPtr>(handle), stream); });
   }
   std::uint64_t reserved(int device) const override { return pool_.stats(device).bytes_reserved; }
   std::uint64_t peak_reserved(int device) const override {
@@ -229,6 +233,9 @@ class PoolPolicy final : public ReplayPolicy {
   std::vector<PeakView> peaks_;             // per device
   std::unique_ptr<CostedBackend> backend_;  // every driver call, counted and costed
   Pool pool_;
+  std::uint64_t thread_ = 0;  // the trace thread of the next call
+  // Declared last, destroyed first: no thread outlives the pool it calls.
+  TraceThreads threads_;
 };
 
 PolicyRegistrar reg_on{"gpustitch", "gpustitch pool, stitching on (simulated device)", true,

@@ -50,6 +50,7 @@ ReplayResult replay_trace(const trace::Trace& trace, ReplayPolicy& policy,
     const trace::TraceEvent& ev = trace.events[i];
     const auto stream = static_cast<Stream>(ev.stream);
     auto key = std::make_pair(ev.device, ev.ptr);
+    policy.set_thread(ev.thread);
     if (ev.action == trace::TraceAction::allocate) {
       ++r.allocs;
       std::uint64_t handle = 0;

@@ -70,7 +70,7 @@ struct Config {
   bool size_ranges = false;  // size_ranges
   // Until the large heap first holds this much (outside very large live blocks), it uses the
   // memory-first layout whatever the three settings above say (0: never; large_heap.cpp: why).
-  std::size_t memory_first = 4 * GiB;  // memory_first_mb
+  std::size_t memory_first = 8 * GiB;  // memory_first_mb
   // A fresh range of at least fresh_coarse_mb (0: never) is backed by handles of the size above at
   // both ends and at most 4 larger ones between them (large_heap.cpp): a fresh 256 MiB-2 GiB
   // block then costs a few driver calls, as cudaMalloc does, instead of one per 10 MiB (0.7-2.0x

@@ -4,13 +4,15 @@
 // PyTorch path frees (cudaFreeAsync). What a user relies on: gpustitch holds the least physical
 // memory of every policy, at most 1.03x of the program's peak demand, and never fails an
 // allocation that fits. The defaults meet the target on every row since the memory-first phase
-// (memory_first_mb: the memory-first layout until the heap first holds 4 GiB). The same checks
+// (memory_first_mb: the memory-first layout until the heap first holds 8 GiB). The same checks
 // run with the memory-first layout throughout (size_ranges:on,handle_share:1024,gap_handles:0),
 // and with the layout the defaults keep after the phase, from the start (memory_first_mb:0),
-// where two rows miss the target (hf_llama_generate, 1.052x and 1.055x: granules that the KV
-// cache's many 1-8 MiB blocks share; transformer_bucketed in stream order, 1.049x: handles its
-// 128 MiB blocks pin). Those are held to a ceiling just above that figure, so that they cannot
-// get worse unnoticed.
+// where two traces miss the target (hf_llama_generate, 1.052x and 1.055x: granules that the KV
+// cache's many 1-8 MiB blocks share; transformer_bucketed, 1.031x, 1.040x in stream order and
+// 1.067x at its smallest device in stream order: handles its 128 MiB blocks pin). Those are held
+// to a ceiling just above that figure, so that they cannot get worse unnoticed. Each trace
+// thread's calls are made on a thread of their own (tools/replay/trace_threads.h), as the
+// program made them, so the pool serves them from as many arenas.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -144,7 +146,7 @@ INSTANTIATE_TEST_SUITE_P(
     testing::Values(TraceCase{"gpt_seqlen_b5", kWithoutPhase, kTarget, kTarget, kTarget},
                     TraceCase{"hf_llama_train", kWithoutPhase, kTarget, kTarget, kTarget},
                     TraceCase{"hf_llama_generate", kWithoutPhase, 1.055, 1.058, 1.055},
-                    TraceCase{"transformer_bucketed", kWithoutPhase, kTarget, 1.052, kTarget},
+                    TraceCase{"transformer_bucketed", kWithoutPhase, 1.031, 1.052, 1.068},
                     TraceCase{"transformer_dynseq", kWithoutPhase, kTarget, kTarget, kTarget},
                     TraceCase{"transformer_dynseq_long", kWithoutPhase, kTarget, kTarget, kTarget}),
     case_name);

@@ -1,0 +1,48 @@
+// TraceThreads: runs each call on a thread that stands for the trace thread that made it, one
+// call at a time and in the trace's order.
+//
+// Why: the pool keeps state per thread (a thread's arena: its small pool and its chunks, chosen
+// at the thread's first small allocation). PyTorch's training traces come from two threads (the
+// Python thread and the autograd engine's device thread), so on the GPU the pool serves them from
+// two arenas; replayed from one thread, it used one, and the replay missed what the second
+// arena's chunks hold. The calls stay serial (the caller waits for each), so a replay is as
+// deterministic as before.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+namespace gpustitch::replay {
+
+class TraceThreads {
+ public:
+  TraceThreads() = default;
+  TraceThreads(const TraceThreads&) = delete;
+  TraceThreads& operator=(const TraceThreads&) = delete;
+  ~TraceThreads();
+
+  // Runs f on trace_thread's thread and returns when f has: the caller's own for the first trace
+  // thread seen, a worker (started at its first call) for each other.
+  void run(std::uint64_t trace_thread, const std::function<void()>& f);
+
+ private:
+  struct Worker {
+    std::thread thread;
+    const std::function<void()>* job = nullptr;  // set by run(), cleared by the worker when done
+    bool stop = false;
+  };
+  void loop(Worker& w);
+
+  std::optional<std::uint64_t> first_;  // the trace thread the caller stands for
+  std::mutex mu_;
+  std::condition_variable cv_;  // one waiter at a time on each side: the caller or a worker
+  std::map<std::uint64_t, std::unique_ptr<Worker>> workers_;
+};
+
+}  // namespace gpustitch::replay
