@@ -147,7 +147,8 @@
 // the same event sequence: 1.019-1.040x with the reclaimer thread, 1.034x in three runs with
 // reclaim:inline, which replay models). With two threads, bounds of 0 (no phase), 2, 4, 6 and 8
 // GiB held that trace at 1.020, 1.021, 1.037, 1.018 and 1.017, and 8 GiB was the lowest or level
-// on every other trace and order (max 1.026x; gpt_seqlen_b5 in stream order 1.012 against 1.016)
+// against 0, 4 and 6 GiB on every other trace and order (max 1.026x; gpt_seqlen_b5 in stream
+// order 1.012 against 1.016 at 4 GiB)
 // for 5-14% more driver time; on the H100, three interleaved rounds of HF: 1.015-1.025x against
 // 1.018-1.034x at 4 GiB and 1.020-1.023x without the phase. Hence 8 GiB; where the phase ends
 // still moves the peak chaotically, so this is the best of the bounds tried, not an optimum.
