@@ -13,13 +13,7 @@ TraceThreads::~TraceThreads() {
   for (auto& [id, w] : workers_) w->thread.join();
 }
 
-void TraceThreads::run(std::uint64_t trace_thread, const std::function<void()>& f) {
-  // The first trace thread is the caller's own: a trace of one thread makes no handoffs.
-  if (!first_) first_ = trace_thread;
-  if (*first_ == trace_thread) {
-    f();
-    return;
-  }
+void TraceThreads::handoff(std::uint64_t trace_thread, const std::function<void()>& f) {
   std::unique_lock lock(mu_);
   auto it = workers_.find(trace_thread);
   if (it == workers_.end()) {

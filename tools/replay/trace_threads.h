@@ -30,8 +30,17 @@ class TraceThreads {
   ~TraceThreads();
 
   // Runs f on trace_thread's thread and returns when f has: the caller's own for the first trace
-  // thread seen, a worker (started at its first call) for each other.
-  void run(std::uint64_t trace_thread, const std::function<void()>& f);
+  // thread seen, a worker (started at its first call) for each other. A template so that the
+  // caller's own calls (all of them in a one-thread trace) run f directly; only a handoff wraps it.
+  template <class F>
+  void run(std::uint64_t trace_thread, F&& f) {
+    if (on_caller(trace_thread)) {
+      f();
+      return;
+    }
+    const std::function<void()> job = std::ref(f);  // a reference: no copy, no allocation
+    handoff(trace_thread, job);
+  }
 
  private:
   struct Worker {
@@ -39,6 +48,12 @@ class TraceThreads {
     const std::function<void()>* job = nullptr;  // set by run(), cleared by the worker when done
     bool stop = false;
   };
+  // The first trace thread seen is the caller's own: a trace of one thread makes no handoffs.
+  bool on_caller(std::uint64_t trace_thread) {
+    if (!first_) first_ = trace_thread;
+    return *first_ == trace_thread;
+  }
+  void handoff(std::uint64_t trace_thread, const std::function<void()>& f);
   void loop(Worker& w);
 
   std::optional<std::uint64_t> first_;  // the trace thread the caller stands for

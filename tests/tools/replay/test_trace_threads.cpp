@@ -10,7 +10,6 @@
 
 #include "trace_threads.h"
 
-using namespace gpustitch;
 using namespace gpustitch::replay;
 
 TEST(TraceThreads, EachTraceThreadsCallsRunOnOneThreadOfItsOwnInOrder) {
