@@ -45,7 +45,7 @@ class TraceThreads {
  private:
   struct Worker {
     std::thread thread;
-    const std::function<void()>* job = nullptr;  // set by run(), cleared by the worker when done
+    const std::function<void()>* job = nullptr;  // set by handoff(), cleared by the worker when run
     bool stop = false;
   };
   // The first trace thread seen is the caller's own: a trace of one thread makes no handoffs.
