@@ -86,6 +86,12 @@ const std::vector<KeySpec>& key_specs() {
        }},
       {"release_threshold_mb", "a size in MiB",
        [](std::string_view v, Config& c) { return parse_scaled(v, MiB, &c.release_threshold); }},
+      {"arenas", "a count between 0 and 8 (0 = one per core)",
+       [](std::string_view v, Config& c) {
+         std::uint64_t n;
+         if (!parse_u64(v, &n) || n > kMaxArenas) return false;
+         return c.arenas = static_cast<unsigned>(n), true;
+       }},
       {"small_limit_kb", "a size in KiB between 1 and 16384",
        [](std::string_view v, Config& c) {
          std::size_t s;

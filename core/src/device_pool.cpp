@@ -91,7 +91,9 @@ DevicePool::DevicePool(Backend& backend, const Config& config, int device, PoolO
             heap_.init(total) == Status::ok && chunks_.init(total / 2) == Status::ok;
   total_ = total;
   last_device_free_ = free;
-  for (unsigned i = 0; i < arena_slots(); ++i) {
+  const unsigned arenas =
+      config_.arenas != 0 ? std::min(config_.arenas, kMaxArenas) : arena_slots();
+  for (unsigned i = 0; i < arenas; ++i) {
     arenas_.push_back(std::make_unique<Arena>(config_.small_limit,
                                               std::max<std::size_t>(granularity_, 1),
                                               config_.large_cache, static_cast<std::uint16_t>(i)));

@@ -14,7 +14,9 @@ namespace gpustitch::detail {
 // Arena choice: a thread takes, at its first small allocation, the arena index with the fewest
 // threads, and gives it back at exit, so that two threads on two cores never share one arena while
 // another sits unused (round-robin did, once threads come and go). The index is the same for every
-// device pool; each pool has arena_slots() arenas.
+// device pool; a pool of n arenas (Config::arenas, else arena_slots()) gives the thread arena
+// index % n. A thread may instead be bound to an index (bind_thread_arena): replay's threads stand
+// for a trace's, and must get the same arenas whatever else the process runs.
 unsigned arena_slots() {
   static const unsigned n = std::max(1u, std::min(kMaxArenas, std::thread::hardware_concurrency()));
   return n;
@@ -48,6 +50,14 @@ unsigned assign_arena_index() {
 }
 
 }  // namespace
+
+void bind_thread_arena(unsigned index) noexcept {
+  index %= kMaxArenas;
+  if (tl_arena_index < kMaxArenas) g_arena_threads[tl_arena_index].fetch_sub(1);
+  g_arena_threads[index].fetch_add(1);
+  tl_arena_release.armed = true;  // as in assign_arena_index: given back at thread exit
+  tl_arena_index = index;
+}
 
 std::uint64_t DevicePool::arena_allocated() const noexcept {
   std::uint64_t total = 0;

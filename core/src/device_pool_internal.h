@@ -7,11 +7,11 @@
 #include <cstdint>
 #include <ctime>
 
+#include "gpustitch/config.h"
 #include "gpustitch/types.h"
 
 namespace gpustitch::detail {
 
-inline constexpr unsigned kMaxArenas = 8;
 inline constexpr std::size_t kLargeBuffer = 20 * MiB;  // PyTorch's slack for oversize blocks
 // size_ranges:on: requests below 1 MiB, below 4 MiB and larger each get address ranges of their
 // own (large_heap.cpp: the limits measured).
@@ -22,8 +22,12 @@ inline constexpr std::uint64_t kInlineFenceNs = 300;  // an arena fence cheaper 
 inline constexpr std::size_t kFenceBatch = 8;  // blocks of one size an arena keeps for one fence
 inline constexpr std::size_t kMinBlock = 512;  // large blocks are cut at 512 B, as PyTorch's
 
-// Arenas per device pool (device_pool_arenas.cpp): one per core, at most kMaxArenas.
+// Arenas per device pool without Config::arenas (device_pool_arenas.cpp): one per core, at most
+// kMaxArenas.
 unsigned arena_slots();
+// Makes the calling thread use arena index % n of every pool of n arenas
+// (Pool::bind_thread_to_arena).
+void bind_thread_arena(unsigned index) noexcept;
 
 inline void atomic_max(std::atomic<std::uint64_t>& a, std::uint64_t v) {
   std::uint64_t cur = a.load(std::memory_order_relaxed);

@@ -9,6 +9,7 @@
 #include <new>
 
 #include "device_pool.h"
+#include "device_pool_internal.h"
 
 namespace gpustitch {
 
@@ -155,6 +156,10 @@ Status Pool::memory_map(int device, std::vector<MappedSegment>* out) const noexc
 
 void Pool::drain_pending(int device) noexcept {
   if (DevicePool* dp = this->device(device)) dp->drain_pending();
+}
+
+void Pool::bind_thread_to_arena(unsigned index) noexcept {
+  detail::bind_thread_arena(index);
 }
 
 void Pool::atfork_prepare() noexcept {

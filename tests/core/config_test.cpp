@@ -20,6 +20,21 @@ TEST(Config, ParsesEveryDocumentedKind) {
   EXPECT_EQ(r.config.log_level, "info");
 }
 
+TEST(Config, ArenasTakesACountUpToTheMaximumAndZeroMeansOnePerCore) {
+  EXPECT_EQ(parse_config("").config.arenas, 0u);
+  auto r = parse_config("arenas:3");
+  EXPECT_TRUE(r.errors.empty());
+  EXPECT_EQ(r.config.arenas, 3u);
+  r = parse_config("arenas:8,arenas:0");
+  EXPECT_TRUE(r.errors.empty());
+  EXPECT_EQ(r.config.arenas, 0u);
+  r = parse_config("arenas:9,stitching:off");
+  ASSERT_EQ(r.errors.size(), 1u);
+  EXPECT_NE(r.errors[0].find("arenas"), std::string::npos) << r.errors[0];
+  EXPECT_EQ(r.config.arenas, 0u) << "a rejected value leaves the default";
+  EXPECT_FALSE(r.config.stitching);
+}
+
 TEST(Config, EmptyGivesDefaults) {
   auto r = parse_config("");
   EXPECT_TRUE(r.errors.empty());

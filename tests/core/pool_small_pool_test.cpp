@@ -111,6 +111,38 @@ TEST(PoolSmallPool, EmptyChunksKeptByAnArenaAreBoundedAndTrimTakesThem) {
   EXPECT_EQ(pool.deallocate(other), Status::ok);
 }
 
+// Config::arenas sets how many arenas a device pool has, and Pool::bind_thread_to_arena which one a
+// thread uses (index modulo that count), whatever the host's cores and the process's other
+// threads: replay relies on both to give a trace the same arenas on every machine. Threads bound
+// to one arena share its chunk; threads bound to two take a chunk each; and every object keeps
+// its bytes.
+TEST(PoolSmallPool, ArenasSettingAndThreadBindingDecideWhichChunkServesAThread) {
+  TestDevice dev = make_test_device();
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs the simulated device";
+  for (unsigned arenas : {1u, 2u}) {
+    Config c = inline_config();
+    c.arenas = arenas;
+    Pool pool(*dev.backend, c);
+    std::vector<DevPtr> objects(3);
+    // Bound to arenas 0, 1 and 2 (= 0 modulo 2 and 1): one thread after another, so that the
+    // order of their allocations is fixed.
+    for (unsigned t = 0; t < objects.size(); ++t) {
+      std::thread([&, t] {
+        Pool::bind_thread_to_arena(t);
+        ASSERT_EQ(pool.allocate(0, 4 * KiB, kAnyStream, &objects[t]), Status::ok);
+        stamp(dev, objects[t], 4 * KiB, 100 + t);
+      }).join();
+    }
+    EXPECT_EQ(small_segments(pool), arenas) << arenas << " arenas";
+    for (unsigned t = 0; t < objects.size(); ++t) {
+      EXPECT_TRUE(check(dev, objects[t], 4 * KiB, 100 + t)) << "object " << t;
+      for (unsigned u = 0; u < t; ++u) EXPECT_NE(objects[t], objects[u]);
+    }
+    EXPECT_EQ(pool.validate(0), "");
+    for (DevPtr p : objects) ASSERT_EQ(pool.deallocate(p), Status::ok);
+  }
+}
+
 // A program with one live object in each of many size classes holds a few small chunks, not a
 // 2 MiB chunk per class: each class's first chunk holds 16 slots (64 KiB at least), and the
 // chunks share 2 MiB handles (small_pool.h). Twelve classes held 24 MiB before.

@@ -431,7 +431,9 @@ TEST(Pool, AfterTheMemoryFirstPhaseSmallRequestsReuseTheSmallRangesFreeMemory) {
   stamp(dev, again, 3 * MiB, 7);
   EXPECT_TRUE(check(dev, again, 3 * MiB, 7));
   for (std::size_t i = 0; i < small.size(); ++i) {
-    if (i != 3) EXPECT_TRUE(check(dev, small[i], 3 * MiB, 100 + i)) << "block " << i;
+    if (i != 3) {
+      EXPECT_TRUE(check(dev, small[i], 3 * MiB, 100 + i)) << "block " << i;
+    }
   }
   EXPECT_EQ(pool.validate(0), "");
   small[3] = again;

@@ -13,6 +13,7 @@
 #include <gpustitch/sim_backend.h>
 
 #include <algorithm>
+#include <map>
 #include <vector>
 
 #include "driver_cost.h"
@@ -67,14 +68,14 @@ class PoolPolicy final : public ReplayPolicy {
   bool allocate(int device, std::size_t size, Stream stream, std::uint64_t* handle) override {
     DevPtr p = 0;
     Status s = Status::ok;
-    threads_.run(thread_, [&] { s = pool_.allocate(device, size, stream, &p); });
+    on_trace_thread([&] { s = pool_.allocate(device, size, stream, &p); });
     if (s != Status::ok) return false;
     *handle = p;
     if (explain_peak_) note_peak(device, size);
     return true;
   }
   void deallocate(int, std::uint64_t handle, std::size_t, Stream stream) override {
-    threads_.run(thread_, [&] { pool_.deallocate(static_cast<DevPtr>(handle), stream); });
+    on_trace_thread([&] { pool_.deallocate(static_cast<DevPtr>(handle), stream); });
   }
   std::uint64_t reserved(int device) const override { return pool_.stats(device).bytes_reserved; }
   std::uint64_t peak_reserved(int device) const override {
@@ -225,7 +226,25 @@ class PoolPolicy final : public ReplayPolicy {
     c.stitching = stitching;
     c.backend = BackendKind::sim;
     c.background_reclaim = false;  // deterministic: the same trace gives the same figures
+    // As many arenas on every host (the pool's default follows its cores): the GPU machine's,
+    // where the traces were recorded.
+    c.arenas = kMaxArenas;
     return c;
+  }
+  // Runs f on the current trace thread's own thread (TraceThreads). At its first call that thread
+  // is bound to the arena of the trace thread's order of appearance (the first to arena 0, the
+  // next to 1), so that the same trace gets the same arenas whatever else the process runs:
+  // left to the pool, a thread takes the arena the fewest threads of the process use, and
+  // settings replayed side by side (tune --jobs) shared arenas and gave other figures.
+  template <class F>
+  void on_trace_thread(F&& f) {
+    const auto [it, first] =
+        arena_of_.try_emplace(thread_, static_cast<unsigned>(arena_of_.size()));
+    if (first) {
+      const unsigned arena = it->second;
+      threads_.run(thread_, [arena] { Pool::bind_thread_to_arena(arena); });
+    }
+    threads_.run(thread_, f);
   }
   std::string name_;
   bool stitching_;
@@ -233,7 +252,8 @@ class PoolPolicy final : public ReplayPolicy {
   std::vector<PeakView> peaks_;             // per device
   std::unique_ptr<CostedBackend> backend_;  // every driver call, counted and costed
   Pool pool_;
-  std::uint64_t thread_ = 0;  // the trace thread of the next call
+  std::uint64_t thread_ = 0;                    // the trace thread of the next call
+  std::map<std::uint64_t, unsigned> arena_of_;  // trace thread -> its arena, by first appearance
   // Declared last, destroyed first: no thread outlives the pool it calls.
   TraceThreads threads_;
 };

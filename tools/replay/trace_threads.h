@@ -6,9 +6,8 @@
 // Python thread and the autograd engine's device thread), so on the GPU the pool serves them from
 // two arenas; replayed from one thread, it used one, and the replay missed what the second
 // arena's chunks hold. The calls stay serial (the caller waits for each), so a replay is as
-// deterministic as before. One limit: the pool gives a new thread the arena that the fewest
-// threads of the whole process use, so replays running side by side (gpustitch tune --jobs N)
-// can put two trace threads in one arena; a lone replay cannot.
+// deterministic as before. Which arena each thread gets is the policy's to say
+// (pool_policy.cpp binds them by the trace threads' order), not the process's other threads'.
 #pragma once
 
 #include <condition_variable>

@@ -17,6 +17,9 @@ namespace gpustitch {
 
 enum class BackendKind { automatic, cuda, sim };
 
+// Most arenas (per-thread small pools and parked large blocks) one device pool has.
+inline constexpr unsigned kMaxArenas = 8;
+
 struct Config {
   // --- allocator core -----------------------------------------------------------------------
   BackendKind backend = BackendKind::automatic;  // backend:cuda|sim|auto
@@ -27,9 +30,14 @@ struct Config {
   // (cached memory is still released before an out-of-memory is reported).
   std::size_t release_threshold = SIZE_MAX;  // release_threshold_mb
   std::size_t small_limit = 256 * KiB;       // small_limit_kb: below, size-class chunks
-  std::size_t cap = 0;                       // cap_mb: most physical memory per device
-  double cap_fraction = 0.0;                 // cap_fraction: of the device's total
-  bool stitching = true;                     // stitching:on|off
+  // Arenas per device pool, 1..kMaxArenas; 0: one per core, at most kMaxArenas. Threads share
+  // them (the least used one at a thread's first small allocation), so fewer arenas hold fewer
+  // partly used chunks for more lock sharing. Replay sets it, so that its figures do not depend
+  // on the host's cores.
+  unsigned arenas = 0;        // arenas
+  std::size_t cap = 0;        // cap_mb: most physical memory per device
+  double cap_fraction = 0.0;  // cap_fraction: of the device's total
+  bool stitching = true;      // stitching:on|off
   // Physical memory moves between places of the address space in whole handles (the driver maps
   // handles whole), so small handles let freed memory move piece by piece; each handle costs a
   // create, a map and a share of cuMemSetAccess (large_heap.cpp). Fresh memory comes in handles

@@ -165,6 +165,13 @@ class Pool {
   // Waits until every pending free has been fenced and is reusable (tests, trim, shutdown).
   void drain_pending(int device) noexcept;
 
+  // Makes the calling thread use arena index (modulo the arenas of each device pool:
+  // Config::arenas) of every pool from now on, rather than the least used one it would get at its
+  // first small allocation. For threads that stand for another program's (replay's, one per trace
+  // thread), which must get the same arenas whatever else runs in the process (tune's replays side
+  // by side).
+  static void bind_thread_to_arena(unsigned index) noexcept;
+
   int device_count() const noexcept { return device_count_; }
   const Config& config() const noexcept { return config_; }
   Backend& backend() const noexcept { return backend_; }

@@ -133,6 +133,42 @@ TEST(Tune, RecordedTraceAt190GiBRecommendsMaxSplit128) {
   }
 }
 
+// A sweep's settings replay side by side, one per job thread, each trace thread on a thread of its
+// own: on a trace from two threads, a setting's figures must not depend on what else the sweep
+// runs at the time. Left to the pool, a replay's second thread took the arena the fewest threads
+// of the process used, which with two jobs was the first job's own, and transformer_bucketed's
+// defaults came out at 658 MiB with --jobs 2 against 664 with --jobs 1 (stitching off: 868/812).
+TEST(Tune, SettingsReplayedSideBySideGiveTheFiguresOfALoneReplay) {
+  const std::string trace = std::string(GPUSTITCH_TRACES) + "/transformer_bucketed.csv";
+  int rc = 0;
+  auto lone = tune_json(trace + " --capacity-gb 140 --jobs 1", &rc);
+  ASSERT_EQ(rc, 0) << lone;
+  auto side_by_side = tune_json(trace + " --capacity-gb 140 --jobs 2", &rc);
+  ASSERT_EQ(rc, 0) << side_by_side;
+  ASSERT_EQ(lone["settings"].size(), side_by_side["settings"].size());
+  int gpustitch_rows = 0;
+  for (const auto& r : lone["settings"]) {
+    const nlohmann::json* other = row(side_by_side, r["setting"]);
+    ASSERT_NE(other, nullptr) << r["setting"];
+    EXPECT_EQ((*other)["peak_reserved_bytes"], r["peak_reserved_bytes"]) << r["setting"];
+    EXPECT_EQ((*other)["min_capacity_bytes"], r["min_capacity_bytes"]) << r["setting"];
+    gpustitch_rows += r["family"] == "gpustitch";
+  }
+  EXPECT_GE(gpustitch_rows, 2);
+  // And the lone sweep's gpustitch line is what `gpustitch replay` gives for the same trace.
+  const std::string replayed = run(
+      cli() + " replay " + trace + " --whole-handles --capacity-gb 140 --json 2>/dev/null", &rc);
+  ASSERT_EQ(rc, 0) << replayed;
+  const auto r = nlohmann::json::parse(replayed, nullptr, false);
+  bool found = false;
+  for (const auto& p : r["policies"]) {
+    if (p["policy"] != "gpustitch") continue;
+    found = true;
+    EXPECT_EQ(p["peak_reserved_bytes"], (*row(lone, "gpustitch"))["peak_reserved_bytes"]);
+  }
+  EXPECT_TRUE(found) << replayed;
+}
+
 // A real snapshot: tools/gpu/tune_check.py on the H200 (torch 2.11, driver 580, 2026-12-01)
 // recorded a GPT's training with torch.cuda.memory._dump_snapshot() under PyTorch's default
 // allocator, and then ran the same training under each setting named below. What
