@@ -53,6 +53,7 @@ struct SimBackend::State {
   std::map<DevPtr, std::size_t> reservations;  // base -> size
   // The window reservations are carved from, bottom up (reserve()): [window, window_end).
   DevPtr window = 0, window_end = 0, window_next = 0;
+  std::size_t window_len = 0;  // as mapped (window_end is the last granule boundary in it)
   bool window_tried = false;
   bool in_window(DevPtr ptr) const { return ptr >= window && ptr < window_end; }
   std::map<DevPtr, MappingInfo> mappings;  // base -> mapping
@@ -200,9 +201,7 @@ SimBackend::~SimBackend() {
   for (auto& [base, size] : state_->reservations) {
     if (!state_->in_window(base)) munmap(reinterpret_cast<void*>(base), size);
   }
-  if (state_->window != 0) {
-    munmap(reinterpret_cast<void*>(state_->window), state_->window_end - state_->window);
-  }
+  if (state_->window != 0) munmap(reinterpret_cast<void*>(state_->window), state_->window_len);
   for (auto& [id, h] : state_->handles) close(h.fd);
 }
 
@@ -335,11 +334,15 @@ DevPtr SimBackend::carve_window(std::size_t size) noexcept {
     if (raw != MAP_FAILED) {
       const auto start = reinterpret_cast<DevPtr>(raw);
       st.window = start;
-      st.window_end = start + want + g;
+      st.window_len = want + g;
+      // Both ends on granule boundaries, so that window_next never passes window_end.
+      st.window_end = (start + want + g) / g * g;
       st.window_next = align_up(start, g);
     }
   }
-  if (st.window == 0 || size > st.window_end - st.window_next) return 0;
+  if (st.window == 0 || st.window_next >= st.window_end || size > st.window_end - st.window_next) {
+    return 0;
+  }
   const DevPtr base = st.window_next;
   // A granule between reservations, as the driver leaves gaps: no two reservations touch.
   st.window_next = std::min(st.window_end, base + size + g);

@@ -1,5 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <fstream>
+#include <string>
+
 #include <chrono>
 #include <cstring>
 
@@ -62,6 +66,39 @@ TEST(SimBackend, ReservationsAscendAsTheDriversDoAndStayUsable) {
   ASSERT_EQ(sim.unreserve(third, 64 * MiB), Status::ok);
   ASSERT_EQ(sim.unreserve(second, 32 * MiB), Status::ok);
   EXPECT_EQ(sim.live_reservations(), 0u);
+}
+
+namespace {
+// Whether [ptr, ptr+size) lies inside one mapping of this process (/proc/self/maps): a reserved
+// range must be ours, never an address the simulator merely computed.
+bool mapped_by_this_process(DevPtr ptr, std::size_t size) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    unsigned long long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%llx-%llx", &lo, &hi) == 2 && lo <= ptr && ptr + size <= hi) {
+      return true;
+    }
+  }
+  return false;
+}
+}  // namespace
+
+// Once the window is spent, reservations come from mmap: still the simulator's own mappings,
+// never past the window's end.
+TEST(SimBackend, ReservationsBeyondTheWindowAreStillMappings) {
+  // 4 MiB granules: the kernel aligns a large mapping to 2 MiB only, so the window's end need not
+  // be a granule boundary.
+  SimBackend sim({.capacity = 1 * GiB, .granularity = 4 * MiB});  // window: 8 GiB + 64 GiB
+  DevPtr big = 0;
+  ASSERT_EQ(sim.reserve(0, 72 * GiB, &big), Status::ok);
+  EXPECT_TRUE(mapped_by_this_process(big, 72 * GiB));
+  for (int i = 0; i < 3; ++i) {
+    DevPtr more = 0;
+    ASSERT_EQ(sim.reserve(0, 4 * MiB, &more), Status::ok);
+    EXPECT_TRUE(mapped_by_this_process(more, 4 * MiB)) << "reservation " << i;
+    EXPECT_TRUE(more + 4 * MiB <= big || more >= big + 72 * GiB) << "overlaps the first";
+  }
 }
 
 TEST(SimBackend, CapacityAndFaultsAreEnforced) {
