@@ -1,13 +1,7 @@
 // Simulated backend. See sim_backend.h for the model; the notes here are about the mechanics.
 //
 // Reservations are anonymous PROT_NONE mappings with MAP_NORESERVE, over-allocated and trimmed so
-// that their base is granularity-aligned like a real cuMemAddressReserve result. They are handed
-// out in ascending address order, as the CUDA driver hands out cuMemAddressReserve's ranges (one
-// window reserved at the first call, carved from its bottom; plain mmap only once it is spent):
-// the pool breaks ties between equal blocks and handles by address, so with mmap's top-down order
-// a replay of a trace recorded on an H100 (GPT training, reclaim:inline) placed its 630th large
-// block elsewhere and peaked 0.85% below the GPU; in ascending order it gives the GPU's bytes
-// exactly. map() replaces a
+// that their base is granularity-aligned like a real cuMemAddressReserve result. map() replaces a
 // part of a reservation with a MAP_SHARED|MAP_FIXED view of the handle's memfd, still PROT_NONE
 // until set_access() (as on CUDA, where a mapping is inaccessible until cuMemSetAccess). unmap()
 // puts the PROT_NONE anonymous placeholder back so the address range stays reserved.
@@ -19,7 +13,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -51,12 +44,7 @@ struct SimBackend::State {
   std::unordered_map<PhysHandle, HandleInfo> handles;
   PhysHandle next_handle = 1;
   std::map<DevPtr, std::size_t> reservations;  // base -> size
-  // The window reservations are carved from, bottom up (reserve()): [window, window_end).
-  DevPtr window = 0, window_end = 0, window_next = 0;
-  std::size_t window_len = 0;  // as mapped (window_end is the last granule boundary in it)
-  bool window_tried = false;
-  bool in_window(DevPtr ptr) const { return ptr >= window && ptr < window_end; }
-  std::map<DevPtr, MappingInfo> mappings;  // base -> mapping
+  std::map<DevPtr, MappingInfo> mappings;      // base -> mapping
   struct Fault {
     std::uint64_t countdown = 0;
     bool always = false;
@@ -198,10 +186,7 @@ SimBackend::~SimBackend() {
     munmap(state_->shared, sizeof(State::Shared));
   }
   for (auto& [base, m] : state_->mappings) munmap(reinterpret_cast<void*>(base), m.size);
-  for (auto& [base, size] : state_->reservations) {
-    if (!state_->in_window(base)) munmap(reinterpret_cast<void*>(base), size);
-  }
-  if (state_->window != 0) munmap(reinterpret_cast<void*>(state_->window), state_->window_len);
+  for (auto& [base, size] : state_->reservations) munmap(reinterpret_cast<void*>(base), size);
   for (auto& [id, h] : state_->handles) close(h.fd);
 }
 
@@ -295,59 +280,23 @@ Status SimBackend::reserve(int device, std::size_t size, DevPtr* out) noexcept {
   std::lock_guard lock(state_->mu);
   if (Status s = check_fault(SimOp::reserve); s != Status::ok) return s;
   const std::size_t g = options_.granularity;
-  DevPtr base = carve_window(size);
-  const bool carved = base != 0;
-  if (!carved) {
-    void* raw =
-        mmap(nullptr, size + g, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (raw == MAP_FAILED) return Status::out_of_memory;
-    auto start = reinterpret_cast<DevPtr>(raw);
-    base = align_up(start, g);
-    if (base > start) munmap(raw, base - start);
-    if (DevPtr end = base + size; end < start + size + g) {
-      munmap(reinterpret_cast<void*>(end), start + size + g - end);
-    }
+  void* raw =
+      mmap(nullptr, size + g, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED) return Status::out_of_memory;
+  auto start = reinterpret_cast<DevPtr>(raw);
+  DevPtr base = align_up(start, g);
+  if (base > start) munmap(raw, base - start);
+  if (DevPtr end = base + size; end < start + size + g) {
+    munmap(reinterpret_cast<void*>(end), start + size + g - end);
   }
   try {
     state_->reservations.emplace(base, size);
   } catch (const std::bad_alloc&) {  // no host memory for the bookkeeping: nothing reserved
-    if (!carved) munmap(reinterpret_cast<void*>(base), size);
+    munmap(reinterpret_cast<void*>(base), size);
     return Status::out_of_memory;
   }
   *out = base;
   return Status::ok;
-}
-
-DevPtr SimBackend::carve_window(std::size_t size) noexcept {
-  // Mutex held. The window: eight times the devices' capacity and 64 GiB more (the pool reserves
-  // about 3.5 times a device's capacity), at most 16 TiB; address space only (MAP_NORESERVE).
-  State& st = *state_;
-  const std::size_t g = options_.granularity;
-  if (!st.window_tried) {
-    st.window_tried = true;
-    constexpr std::size_t kMaxWindow = std::size_t{16} << 40;
-    const std::size_t capacity = std::min(options_.capacity, kMaxWindow);
-    const std::size_t want =
-        std::min(kMaxWindow, capacity * 8 * static_cast<std::size_t>(options_.devices) + 64 * GiB);
-    void* raw =
-        mmap(nullptr, want + g, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (raw != MAP_FAILED) {
-      const auto start = reinterpret_cast<DevPtr>(raw);
-      st.window = start;
-      st.window_len = want + g;
-      // Both ends on granule boundaries, so that window_next never passes window_end.
-      st.window_end = (start + want + g) / g * g;
-      st.window_next = align_up(start, g);
-    }
-  }
-  if (st.window == 0 || st.window_next >= st.window_end || size > st.window_end - st.window_next) {
-    return 0;
-  }
-  const DevPtr base = st.window_next;
-  // A granule between reservations, as the driver leaves gaps: no two reservations touch.
-  st.window_next = std::min(st.window_end, base + size + g);
-  st.window_next = align_up(st.window_next, g);
-  return base;
 }
 
 Status SimBackend::unreserve(DevPtr ptr, std::size_t size) noexcept {
@@ -357,8 +306,7 @@ Status SimBackend::unreserve(DevPtr ptr, std::size_t size) noexcept {
   auto it = state_->reservations.find(ptr);
   if (it == state_->reservations.end() || it->second != size) return Status::invalid_value;
   if (state_->overlaps_mapping(ptr, size)) return Status::invalid_value;  // still mapped
-  // A carved range stays part of the window (PROT_NONE, as unmap() left it) and is not reused.
-  if (!state_->in_window(ptr)) munmap(reinterpret_cast<void*>(ptr), size);
+  munmap(reinterpret_cast<void*>(ptr), size);
   state_->reservations.erase(it);
   return Status::ok;
 }

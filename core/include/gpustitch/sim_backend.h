@@ -115,8 +115,6 @@ class SimBackend final : public Backend {
   struct State;
   Status check_fault(SimOp op) noexcept;
   void open_shared() noexcept;
-  // The next reservation's base from the window (sim_backend.cpp), or 0: use a plain mapping.
-  DevPtr carve_window(std::size_t size) noexcept;
   SimOptions options_;
   std::unique_ptr<State> state_;
 };
