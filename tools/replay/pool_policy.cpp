@@ -64,18 +64,27 @@ class PoolPolicy final : public ReplayPolicy {
 
   std::string name() const override { return name_; }
 
-  void set_thread(std::uint64_t thread) override { thread_ = thread; }
+  // A trace thread's own thread (TraceThreads) is bound, before its first call, to the arena of
+  // the trace thread's order of appearance (the first to arena 0, the next to 1), so that the same
+  // trace gets the same arenas whatever else the process runs: left to the pool, a thread takes
+  // the arena the fewest threads of the process use, and settings replayed side by side (tune
+  // --jobs) shared arenas and gave other figures.
+  void set_thread(std::uint64_t thread) override {
+    thread_ = thread;
+    const auto [it, first] = arena_of_.try_emplace(thread, static_cast<unsigned>(arena_of_.size()));
+    if (first) threads_.run(thread, [arena = it->second] { Pool::bind_thread_to_arena(arena); });
+  }
   bool allocate(int device, std::size_t size, Stream stream, std::uint64_t* handle) override {
     DevPtr p = 0;
     Status s = Status::ok;
-    on_trace_thread([&] { s = pool_.allocate(device, size, stream, &p); });
+    threads_.run(thread_, [&] { s = pool_.allocate(device, size, stream, &p); });
     if (s != Status::ok) return false;
     *handle = p;
     if (explain_peak_) note_peak(device, size);
     return true;
   }
   void deallocate(int, std::uint64_t handle, std::size_t, Stream stream) override {
-    on_trace_thread([&] { pool_.deallocate(static_cast<DevPtr>(handle), stream); });
+    threads_.run(thread_, [&] { pool_.deallocate(static_cast<DevPtr>(handle), stream); });
   }
   std::uint64_t reserved(int device) const override { return pool_.stats(device).bytes_reserved; }
   std::uint64_t peak_reserved(int device) const override {
@@ -230,21 +239,6 @@ class PoolPolicy final : public ReplayPolicy {
     // where the traces were recorded.
     c.arenas = kMaxArenas;
     return c;
-  }
-  // Runs f on the current trace thread's own thread (TraceThreads). At its first call that thread
-  // is bound to the arena of the trace thread's order of appearance (the first to arena 0, the
-  // next to 1), so that the same trace gets the same arenas whatever else the process runs:
-  // left to the pool, a thread takes the arena the fewest threads of the process use, and
-  // settings replayed side by side (tune --jobs) shared arenas and gave other figures.
-  template <class F>
-  void on_trace_thread(F&& f) {
-    const auto [it, first] =
-        arena_of_.try_emplace(thread_, static_cast<unsigned>(arena_of_.size()));
-    if (first) {
-      const unsigned arena = it->second;
-      threads_.run(thread_, [arena] { Pool::bind_thread_to_arena(arena); });
-    }
-    threads_.run(thread_, f);
   }
   std::string name_;
   bool stitching_;
