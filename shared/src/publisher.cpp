@@ -163,9 +163,9 @@ void StatsPublisher::Impl::recreate_locked() noexcept {
   RecordWriter* old = current.load(std::memory_order_relaxed);
   if (!old) return;
   std::string why;
-  auto fresh = RecordWriter::create(old->name(), self_exe(), self_cmdline(), interval_ms, &why);
+  auto fresh = RecordWriter::create(old->name(), self_exe(), self_cmdline(), interval_ms, &why,
+                                    old->record());
   if (!fresh) return;  // try again next interval
-  fresh->copy_events_from(*old->record());
   {
     std::lock_guard lk(sites_mu);
     fresh->publish_sites(sites, realtime_ns());

@@ -27,6 +27,32 @@ void copy_string(char* dst, std::size_t cap, std::string_view src) {
   std::memcpy(dst, src.data(), n);
   std::memset(dst + n, 0, cap - n);
 }
+
+// Copies the complete events of `source` into `dst` (a ring nobody writes or reads yet): each
+// slot is copied under its own sequence check, so a slot being written at the time is left out
+// rather than copied torn.
+void copy_events(const Record& source, EventRing& dst) noexcept {
+  auto& src = const_cast<EventRing&>(source.events);  // atomic_ref needs non-const; only loads
+  for (int i = 0; i < kEventSlots; ++i) {
+    std::uint64_t s1 =
+        std::atomic_ref<std::uint64_t>(src.slots[i].seq).load(std::memory_order_acquire);
+    if (s1 == 0 || (s1 & 1)) continue;
+    EventSlot copy;
+    std::memcpy(static_cast<void*>(&copy), &src.slots[i], sizeof copy);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (std::atomic_ref<std::uint64_t>(src.slots[i].seq).load(std::memory_order_relaxed) != s1)
+      continue;
+    copy.seq = 0;
+    std::memcpy(static_cast<void*>(&dst.slots[i]), &copy, sizeof copy);
+    std::atomic_ref<std::uint64_t>(dst.slots[i].seq).store(s1, std::memory_order_release);
+  }
+  std::atomic_ref<std::uint64_t>(dst.dropped)
+      .store(std::atomic_ref<std::uint64_t>(src.dropped).load(std::memory_order_relaxed),
+             std::memory_order_relaxed);
+  std::atomic_ref<std::uint64_t>(dst.head).store(
+      std::atomic_ref<std::uint64_t>(src.head).load(std::memory_order_acquire),
+      std::memory_order_release);
+}
 }  // namespace
 
 RecordName RecordWriter::self_name(std::string_view prefix) noexcept {
@@ -43,8 +69,8 @@ RecordName RecordWriter::self_name(std::string_view prefix) noexcept {
 
 std::unique_ptr<RecordWriter> RecordWriter::create(const RecordName& name, std::string_view exe,
                                                    std::string_view cmdline,
-                                                   unsigned publish_interval_ms,
-                                                   std::string* why) noexcept {
+                                                   unsigned publish_interval_ms, std::string* why,
+                                                   const Record* carry_events_from) noexcept {
   try {
     std::unique_ptr<RecordWriter> w(new RecordWriter);
     w->name_ = name;
@@ -73,7 +99,8 @@ std::unique_ptr<RecordWriter> RecordWriter::create(const RecordName& name, std::
     r->identity.publish_interval_ms = publish_interval_ms;
     copy_string(r->identity.exe, sizeof r->identity.exe, exe);
     copy_string(r->identity.cmdline, sizeof r->identity.cmdline, cmdline);
-    // The magic goes last: a reader that sees it sees a complete identity.
+    if (carry_events_from) copy_events(*carry_events_from, r->events);
+    // The magic goes last: a reader that sees it sees a complete identity (and carried events).
     std::atomic_ref<std::uint64_t>(r->header.magic).store(kRecordMagic, std::memory_order_release);
     w->impl_ = std::make_unique<Impl>(Impl{std::move(shm), std::move(region)});
     w->record_ = r;
@@ -131,30 +158,6 @@ void RecordWriter::record_event(const RecordEvent& e) noexcept {
   slot.fragmentation = e.fragmentation;
   slot.peer_pid = e.peer_pid;
   seq.store(2 * index + 2, std::memory_order_release);
-}
-
-void RecordWriter::copy_events_from(const Record& source) noexcept {
-  auto& src = const_cast<EventRing&>(source.events);  // atomic_ref needs non-const; only loads
-  EventRing& dst = record_->events;
-  for (int i = 0; i < kEventSlots; ++i) {
-    std::uint64_t s1 =
-        std::atomic_ref<std::uint64_t>(src.slots[i].seq).load(std::memory_order_acquire);
-    if (s1 == 0 || (s1 & 1)) continue;
-    EventSlot copy;
-    std::memcpy(static_cast<void*>(&copy), &src.slots[i], sizeof copy);
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (std::atomic_ref<std::uint64_t>(src.slots[i].seq).load(std::memory_order_relaxed) != s1)
-      continue;
-    copy.seq = 0;
-    std::memcpy(static_cast<void*>(&dst.slots[i]), &copy, sizeof copy);
-    std::atomic_ref<std::uint64_t>(dst.slots[i].seq).store(s1, std::memory_order_release);
-  }
-  std::atomic_ref<std::uint64_t>(dst.dropped)
-      .store(std::atomic_ref<std::uint64_t>(src.dropped).load(std::memory_order_relaxed),
-             std::memory_order_relaxed);
-  std::atomic_ref<std::uint64_t>(dst.head).store(
-      std::atomic_ref<std::uint64_t>(src.head).load(std::memory_order_acquire),
-      std::memory_order_release);
 }
 
 void RecordWriter::publish_sites(std::span<const Site> sites, std::uint64_t now_ns) noexcept {

@@ -326,6 +326,47 @@ TEST(EventRing, KeepsTheNewestWhenItWraps) {
   EXPECT_EQ(events.back().size, static_cast<std::uint64_t>(3 * kEventSlots + 4));
 }
 
+// A record re-created under its old name (after RemoveIPC) starts with the old events, readable
+// the moment the record is, and goes on numbering after them.
+TEST(EventRing, ReCreatedRecordIsReadableOnlyWithTheCarriedEvents) {
+  test::PrefixGuard g;
+  auto old = make_writer(g.prefix);
+  ASSERT_TRUE(old);
+  for (int i = 0; i < 3; ++i) {
+    RecordEvent e;
+    e.kind = RecordEventKind::trim;
+    e.size = static_cast<std::uint64_t>(100 + i);
+    old->record_event(e);
+  }
+  old->remove();
+  std::string why;
+  auto fresh = RecordWriter::create(old->name(), "/usr/bin/test", "test", 100, &why, old->record());
+  ASSERT_TRUE(fresh) << why;
+  auto r = RecordReader::open(fresh->name(), ::geteuid(), nullptr);
+  ASSERT_TRUE(r);
+  std::vector<EventCopy> events;
+  ASSERT_EQ(r->read_events(&events), ReadError::none);
+  ASSERT_EQ(events.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(events[i].index, i);
+    EXPECT_EQ(events[i].size, 100 + i);
+  }
+  RecordEvent next;
+  next.kind = RecordEventKind::oom;
+  next.size = 7;
+  fresh->record_event(next);
+  ASSERT_EQ(r->read_events(&events), ReadError::none);
+  ASSERT_EQ(events.size(), 4u);
+  EXPECT_EQ(events[3].index, 3u);
+  EXPECT_EQ(events[3].kind, RecordEventKind::oom);
+  // The old mapping is untouched by the new record's events.
+  RecordEvent stray;
+  stray.kind = RecordEventKind::stitch;
+  old->record_event(stray);
+  ASSERT_EQ(r->read_events(&events), ReadError::none);
+  EXPECT_EQ(events.size(), 4u);
+}
+
 TEST(Sites, TableReadsBackWithBoundedStrings) {
   test::PrefixGuard g;
   auto w = make_writer(g.prefix);

@@ -32,11 +32,13 @@ struct RecordEvent {
 class RecordWriter {
  public:
   // Creates (replacing a stale object of the same name) and maps the record for `name`. The
-  // identity's pid/uid/start time come from `name`; exe and cmdline from the arguments.
+  // identity's pid/uid/start time come from `name`; exe and cmdline from the arguments. With
+  // `carry_events_from`, the new record starts with that record's complete events, copied before
+  // the record becomes readable: a reader never sees a re-created record without them.
   static std::unique_ptr<RecordWriter> create(const RecordName& name, std::string_view exe,
                                               std::string_view cmdline,
-                                              unsigned publish_interval_ms,
-                                              std::string* why) noexcept;
+                                              unsigned publish_interval_ms, std::string* why,
+                                              const Record* carry_events_from = nullptr) noexcept;
   // The calling process's own record name for `prefix`.
   static RecordName self_name(std::string_view prefix = kDefaultPrefix) noexcept;
 
@@ -48,10 +50,6 @@ class RecordWriter {
   void publish(std::span<const DeviceCounters> devices, std::uint64_t now_ns) noexcept;
   // Any thread; never waits.
   void record_event(const RecordEvent& event) noexcept;
-  // Copies the complete events of another record's ring into this one (which must not receive
-  // events yet): each slot is copied under its own sequence check, so a slot being written at
-  // the time is left out rather than copied torn.
-  void copy_events_from(const Record& source) noexcept;
   // Single writer (serialize in-process): replaces the site table.
   void publish_sites(std::span<const Site> sites, std::uint64_t now_ns) noexcept;
 
