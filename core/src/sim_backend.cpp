@@ -1,7 +1,20 @@
 // Simulated backend. See sim_backend.h for the model; the notes here are about the mechanics.
 //
-// Reservations are anonymous PROT_NONE mappings with MAP_NORESERVE, over-allocated and trimmed so
-// that their base is granularity-aligned like a real cuMemAddressReserve result. map() replaces a
+// Reservations are anonymous PROT_NONE mappings with MAP_NORESERVE whose base is
+// granularity-aligned like a real cuMemAddressReserve result. They ascend, as the driver's ranges
+// do: the pool breaks ties between equal blocks and idle handles by address, and with mmap's
+// top-down order a replay of a trace recorded on an H100 (GPT training, reclaim:inline) placed its
+// 630th large block elsewhere and peaked 0.85% below the GPU; in the driver's order it gives the
+// GPU's bytes exactly. Each backend takes a lane of address space at its first reservation (only
+// bookkeeping: nothing is mapped for it), from an area far from where the loader and mmap put
+// things, and asks for each range just above its last one (MAP_FIXED_NOREPLACE, which never
+// replaces a mapping; a range someone else holds is stepped over). The lane goes back when the
+// backend is destroyed, so a process that replays many traces keeps reusing the area. Where there
+// is no lane or no room left in it, a plain mmap serves the range, over-allocated and trimmed to
+// alignment: only the order is lost. One PROT_NONE window mapped up front and carved bottom up
+// gave the same order, but qemu-user (CI's aarch64 stage) tracks every mapping page by page, and
+// the window made that stage three times slower; lanes map no more than mmap's order did.
+// map() replaces a
 // part of a reservation with a MAP_SHARED|MAP_FIXED view of the handle's memfd, still PROT_NONE
 // until set_access() (as on CUDA, where a mapping is inaccessible until cuMemSetAccess). unmap()
 // puts the PROT_NONE anonymous placeholder back so the address range stays reserved.
@@ -13,16 +26,84 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <ctime>
 #include <map>
+#include <mutex>
 #include <new>
 #include <unordered_map>
 
 namespace gpustitch {
+namespace {
+
+// The area lanes come from (47-bit user space: the loader puts PIE images near 0x55..., mmap works
+// down from 0x7f...), handed out first fit and merged when given back. Never destroyed: a backend
+// may outlive static destructors at exit.
+class AscendingLanes {
+ public:
+  static AscendingLanes* get() noexcept {
+    static AscendingLanes* lanes = new (std::nothrow) AscendingLanes;
+    return lanes;
+  }
+  // A lane of `size` bytes (a multiple of `align`), or 0 where none is free.
+  DevPtr take(std::size_t size) noexcept {
+    std::lock_guard lock(mu_);
+    if (!ready_) {
+      try {
+        free_.emplace(kBase, kEnd - kBase);
+      } catch (...) {
+        return 0;
+      }
+      ready_ = true;
+    }
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->second < size) continue;
+      DevPtr base = it->first;
+      std::size_t rest = it->second - size;
+      free_.erase(it);
+      if (rest > 0) {
+        try {
+          free_.emplace(base + size, rest);
+        } catch (...) {  // the rest is lost to lanes, not to the process
+        }
+      }
+      return base;
+    }
+    return 0;
+  }
+  void give_back(DevPtr base, std::size_t size) noexcept {
+    std::lock_guard lock(mu_);
+    try {
+      auto [it, inserted] = free_.emplace(base, size);
+      if (!inserted) return;
+      if (auto next = std::next(it); next != free_.end() && it->first + it->second == next->first) {
+        it->second += next->second;
+        free_.erase(next);
+      }
+      if (it != free_.begin()) {
+        if (auto prev = std::prev(it); prev->first + prev->second == it->first) {
+          prev->second += it->second;
+          free_.erase(it);
+        }
+      }
+    } catch (...) {  // lost to lanes
+    }
+  }
+
+ private:
+  static constexpr DevPtr kBase = DevPtr{0x100000000000};  // 16 TiB
+  static constexpr DevPtr kEnd = DevPtr{0x500000000000};   // 80 TiB
+  std::mutex mu_;
+  bool ready_ = false;
+  std::map<DevPtr, std::size_t> free_;  // base -> size
+};
+
+}  // namespace
 
 struct SimBackend::State {
   struct HandleInfo {
@@ -44,7 +125,10 @@ struct SimBackend::State {
   std::unordered_map<PhysHandle, HandleInfo> handles;
   PhysHandle next_handle = 1;
   std::map<DevPtr, std::size_t> reservations;  // base -> size
-  std::map<DevPtr, MappingInfo> mappings;      // base -> mapping
+  // The lane reservations ascend in (sim_backend.cpp's top): [lane, lane_end), next at lane_next.
+  DevPtr lane = 0, lane_end = 0, lane_next = 0;
+  bool lane_tried = false;
+  std::map<DevPtr, MappingInfo> mappings;  // base -> mapping
   struct Fault {
     std::uint64_t countdown = 0;
     bool always = false;
@@ -188,6 +272,8 @@ SimBackend::~SimBackend() {
   for (auto& [base, m] : state_->mappings) munmap(reinterpret_cast<void*>(base), m.size);
   for (auto& [base, size] : state_->reservations) munmap(reinterpret_cast<void*>(base), size);
   for (auto& [id, h] : state_->handles) close(h.fd);
+  if (state_->lane != 0)
+    AscendingLanes::get()->give_back(state_->lane, state_->lane_end - state_->lane);
 }
 
 Status SimBackend::check_fault(SimOp op) noexcept {
@@ -280,14 +366,17 @@ Status SimBackend::reserve(int device, std::size_t size, DevPtr* out) noexcept {
   std::lock_guard lock(state_->mu);
   if (Status s = check_fault(SimOp::reserve); s != Status::ok) return s;
   const std::size_t g = options_.granularity;
-  void* raw =
-      mmap(nullptr, size + g, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (raw == MAP_FAILED) return Status::out_of_memory;
-  auto start = reinterpret_cast<DevPtr>(raw);
-  DevPtr base = align_up(start, g);
-  if (base > start) munmap(raw, base - start);
-  if (DevPtr end = base + size; end < start + size + g) {
-    munmap(reinterpret_cast<void*>(end), start + size + g - end);
+  DevPtr base = reserve_in_lane(size);
+  if (base == 0) {
+    void* raw =
+        mmap(nullptr, size + g, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (raw == MAP_FAILED) return Status::out_of_memory;
+    auto start = reinterpret_cast<DevPtr>(raw);
+    base = align_up(start, g);
+    if (base > start) munmap(raw, base - start);
+    if (DevPtr end = base + size; end < start + size + g) {
+      munmap(reinterpret_cast<void*>(end), start + size + g - end);
+    }
   }
   try {
     state_->reservations.emplace(base, size);
@@ -297,6 +386,47 @@ Status SimBackend::reserve(int device, std::size_t size, DevPtr* out) noexcept {
   }
   *out = base;
   return Status::ok;
+}
+
+DevPtr SimBackend::reserve_in_lane(std::size_t size) noexcept {
+  // Mutex held. The lane: eight times the devices' capacity and 64 GiB more (the pool reserves
+  // about 3.5 times a device's capacity), at most 16 TiB.
+  State& st = *state_;
+  const std::size_t g = options_.granularity;
+  if (!st.lane_tried) {
+    st.lane_tried = true;
+    constexpr std::size_t kMaxLane = std::size_t{16} << 40;
+    const std::size_t capacity = std::min(options_.capacity, kMaxLane);
+    std::size_t want =
+        std::min(kMaxLane, capacity * 8 * static_cast<std::size_t>(options_.devices) + 64 * GiB);
+    want = align_up(want, g);
+    if (AscendingLanes* lanes = AscendingLanes::get(); lanes != nullptr) {
+      if (DevPtr lane = lanes->take(want); lane != 0) {
+        st.lane = lane;
+        st.lane_end = lane + want;
+        st.lane_next = align_up(lane, g);
+      }
+    }
+  }
+  // A few tries, stepping over ranges someone else maps inside the lane.
+  for (int tries = 0; tries < 4 && st.lane != 0; ++tries) {
+    const DevPtr want = st.lane_next;
+    if (want >= st.lane_end || size > st.lane_end - want) return 0;
+    void* raw = mmap(reinterpret_cast<void*>(want), size, PROT_NONE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+    if (raw == reinterpret_cast<void*>(want)) {
+      // A granule between ranges, as the driver leaves: no two reservations touch.
+      st.lane_next = std::min(st.lane_end, align_up(want + size + g, g));
+      return want;
+    }
+    if (raw != MAP_FAILED) {  // a kernel without MAP_FIXED_NOREPLACE took the address as a hint
+      munmap(raw, size);
+      return 0;
+    }
+    if (errno != EEXIST) return 0;  // no room there (a smaller address space, a limit)
+    st.lane_next = std::min(st.lane_end, align_up(want + size + g, g));
+  }
+  return 0;
 }
 
 Status SimBackend::unreserve(DevPtr ptr, std::size_t size) noexcept {

@@ -115,6 +115,9 @@ class SimBackend final : public Backend {
   struct State;
   Status check_fault(SimOp op) noexcept;
   void open_shared() noexcept;
+  // The next reservation's base, ascending in this backend's lane (sim_backend.cpp), or 0: use a
+  // plain mapping.
+  DevPtr reserve_in_lane(std::size_t size) noexcept;
   SimOptions options_;
   std::unique_ptr<State> state_;
 };
