@@ -42,13 +42,19 @@ namespace gpustitch {
 namespace {
 
 // The area lanes come from (47-bit user space: the loader puts PIE images near 0x55..., mmap works
-// down from 0x7f...), handed out first fit and merged when given back. Never destroyed: a backend
-// may outlive static destructors at exit.
+// down from 0x7f..., AddressSanitizer's shadow ends below 16 TiB), handed out first fit and merged
+// when given back. Never destroyed: a backend may outlive static destructors at exit. Under
+// ThreadSanitizer there are no lanes: its runtime kills a process that maps outside the areas it
+// keeps for the program, so reservations come from mmap in its order.
 class AscendingLanes {
  public:
   static AscendingLanes* get() noexcept {
+#if defined(__SANITIZE_THREAD__)
+    return nullptr;
+#else
     static AscendingLanes* lanes = new (std::nothrow) AscendingLanes;
     return lanes;
+#endif
   }
   // A lane of `size` bytes (a multiple of `align`), or 0 where none is free.
   DevPtr take(std::size_t size) noexcept {
@@ -96,7 +102,7 @@ class AscendingLanes {
   }
 
  private:
-  static constexpr DevPtr kBase = DevPtr{0x100000000000};  // 16 TiB
+  static constexpr DevPtr kBase = DevPtr{0x200000000000};  // 32 TiB
   static constexpr DevPtr kEnd = DevPtr{0x500000000000};   // 80 TiB
   std::mutex mu_;
   bool ready_ = false;
@@ -419,11 +425,13 @@ DevPtr SimBackend::reserve_in_lane(std::size_t size) noexcept {
       st.lane_next = std::min(st.lane_end, align_up(want + size + g, g));
       return want;
     }
-    if (raw != MAP_FAILED) {  // a kernel without MAP_FIXED_NOREPLACE took the address as a hint
+    if (raw != MAP_FAILED) {
+      // Placed elsewhere: the range was taken and the kernel (before Linux 4.17) or emulator
+      // (qemu-user 7) took the address as a hint. Step over it as over EEXIST.
       munmap(raw, size);
-      return 0;
+    } else if (errno != EEXIST) {
+      return 0;  // no room there (a smaller address space, a limit)
     }
-    if (errno != EEXIST) return 0;  // no room there (a smaller address space, a limit)
     st.lane_next = std::min(st.lane_end, align_up(want + size + g, g));
   }
   return 0;
