@@ -71,6 +71,13 @@ bool LargeHeap::split_for_cut(DevPtr boundary, std::size_t free_size) noexcept {
   return split_at(h, boundary);
 }
 
+bool LargeHeap::pending_cut_pins(const Block* b, DevPtr boundary) const noexcept {
+  if (coarse_created_ == 0 || b->size <= fine_cap_) return false;
+  const Handle* h = backing_.handle_at(boundary);
+  return h != nullptr && h->at != boundary && h->size > fine_cap_ && h->at >= b->ptr &&
+         h->end() <= b->end();
+}
+
 bool LargeHeap::refine(Handle* h) noexcept {
   const std::size_t fine = std::min(fine_handle(h->size), fine_cap_);
   return rebuild(

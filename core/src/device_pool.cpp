@@ -7,7 +7,8 @@
 //   3. a cached block: best fit among fenced free blocks of the device's address space (or among
 //      blocks the same stream freed, which stream order makes safe at once), cut at 512 B;
 //      max_split_size keeps oversize blocks for large requests, as PYTORCH_CUDA_ALLOC_CONF's
-//      max_split_size_mb does;
+//      max_split_size_mb does. A cut of the stream's own block inside a large handle fences first
+//      (stream_cut_fence), so that the cut can split the handle (the GPU may use unfenced memory);
 //   4. the large-block heap's miss path (large_heap.cpp): the place in the address space that
 //      needs the least new physical memory, backed by spare and idle handles moved from free
 //      blocks elsewhere (stitching), and fresh handles only for what they cannot cover;
@@ -228,6 +229,19 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
   // the training traces replayed to 1-4% more reserved memory and more misses, as requests went
   // to other free blocks while the best one waited.
   if (!grow && stream == kAnyStream) fence_locked_if_cheap();
+  // A stream's cut out of its own memory waiting for its fence cannot split a coarse handle (the
+  // GPU may still use it), so the live block would pin the handle's free rest while it lives:
+  // fence first (or wait for the reclaimer's fence, as a stream-ordered miss does), and the cut
+  // splits the handle.
+  if (std::uint64_t epoch = 0;
+      !grow && config_.stream_cut_fence && own_cut_pins(rounded, stream, &epoch)) {
+    if (fence_is_cheap(last_fence_ns_.load(std::memory_order_relaxed))) {
+      fence_locked();
+    } else if (wait_for_fence != nullptr) {
+      *wait_for_fence = epoch;
+      return Status::out_of_memory;
+    }
+  }
   if (cached()) return Status::ok;
   // The three steps below fence rather than grow. A request that comes to grow
   // (grow_rather_than_fence) skips them, and fences only if the device has no memory left.
@@ -340,6 +354,22 @@ Block* DevicePool::take_cached(std::size_t rounded, Stream stream) noexcept {
     }
   }
   return take_from(heap_, heap_.free_blocks(), rounded, false);
+}
+
+bool DevicePool::own_cut_pins(std::size_t rounded, Stream stream, std::uint64_t* epoch) noexcept {
+  if (stream == kAnyStream || stream_free_.empty()) return false;
+  auto it = stream_free_.find(stream);
+  if (it == stream_free_.end()) return false;
+  // The choice take_cached makes, and take_from's cut.
+  auto own = heap_.fit(it->second, rounded);
+  if (own == it->second.end()) return false;
+  auto any = heap_.fit(heap_.free_blocks(), rounded);
+  if (any != heap_.free_blocks().end() && any->size < own->size) return false;
+  const std::size_t max_split = config_.max_split_size;
+  if (own->size >= max_split) return false;  // used whole, or not at all
+  if (rounded >= own->size || !heap_.pending_cut_pins(&*own, own->ptr + rounded)) return false;
+  *epoch = own->epoch;
+  return true;
 }
 
 Block* DevicePool::take_from(LargeHeap& heap, FreeSet& set, std::size_t rounded,

@@ -92,6 +92,9 @@ class DevicePool final {
                         Outcome* outcome, Arena* owner = nullptr, bool grow = false,
                         std::uint64_t* wait_for_fence = nullptr) noexcept;
   Block* take_cached(std::size_t rounded, Stream stream) noexcept;
+  // Whether take_cached would cut the stream's own pending block inside a coarse handle
+  // (stream_cut_fence); *epoch: the fence that would let the cut split it instead.
+  bool own_cut_pins(std::size_t rounded, Stream stream, std::uint64_t* epoch) noexcept;
   // Best fit in `set` (heap's free blocks, or a stream's pending ones), cut at the request.
   Block* take_from(LargeHeap& heap, FreeSet& set, std::size_t rounded, bool pending) noexcept;
   // A chunk for the small-object pool, from chunks_ (lock held).

@@ -151,6 +151,9 @@ class LargeHeap {
   // fence). `free_size`: the size of the free block holding the boundary, where known. True: the
   // layout changed; the caller looks its block up again.
   bool split_for_cut(DevPtr boundary, std::size_t free_size = SIZE_MAX) noexcept;
+  // Whether cutting the pending block b at `boundary` would leave a coarse handle lying wholly in
+  // b split by the cut: what split_for_cut would split once b's fence has come.
+  bool pending_cut_pins(const Block* b, DevPtr boundary) const noexcept;
   // b becomes allocated (mark_allocated) or is about to stop being allocated (note_dead, where
   // the caller changes its state): what handle_share leaves out follows the very large live
   // blocks.

@@ -155,6 +155,15 @@ TEST(Config, DriverPoolReleaseIsOnByDefault) {
   EXPECT_TRUE(bad.config.driver_pool_release) << "a bad value keeps the default";
 }
 
+TEST(Config, StreamCutFenceIsOnByDefault) {
+  EXPECT_TRUE(parse_config("").config.stream_cut_fence);
+  EXPECT_FALSE(parse_config("stream_cut_fence:off").config.stream_cut_fence);
+  auto bad = parse_config("stream_cut_fence:2");
+  ASSERT_EQ(bad.errors.size(), 1u);
+  EXPECT_NE(bad.errors[0].find("stream_cut_fence"), std::string::npos);
+  EXPECT_TRUE(bad.config.stream_cut_fence) << "a bad value keeps the default";
+}
+
 TEST(Config, ProgramVmmServesByDefaultAndCanOnlyCount) {
   EXPECT_TRUE(parse_config("").config.serve_program_vmm);
   auto r = parse_config("program_vmm:count");

@@ -109,6 +109,11 @@ struct Config {
   // On the H200 under PyTorch's cudaMallocAsync backend it holds HF Llama training at
   // 13.51-13.56 GB (1.02x of live bytes) against 15.0-16.0 GB off (a 1-20 ms bound: 13.45-14.64).
   bool stream_miss_fence = true;  // stream_miss_fence:on|off
+  // A stream-ordered allocation whose best fit is a cut out of the stream's own memory still
+  // waiting for its fence, with the cut inside a large handle (fresh_coarse_mb), fences first (as
+  // stream_miss_fence waits), so that the cut may split the handle instead of the live block
+  // pinning its free rest for as long as it lives.
+  bool stream_cut_fence = true;  // stream_cut_fence:on|off
   // Large blocks freed on a stream (cudaFreeAsync) are kept, up to this many bytes (and 32
   // blocks) per thread arena, for the same stream to reuse without the device lock. 0 = off, the
   // default: parked blocks merge with nothing, and in replay of the training traces the cache
