@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <string>
+#include <utility>
+
 #include "gpustitch/config.h"
 
 using namespace gpustitch;
@@ -146,22 +149,21 @@ TEST(Config, FreshCoarseKey) {
   EXPECT_EQ(bad.config.fresh_coarse, 256 * MiB) << "a rejected value leaves the default";
 }
 
-TEST(Config, DriverPoolReleaseIsOnByDefault) {
-  EXPECT_TRUE(parse_config("").config.driver_pool_release);
-  EXPECT_FALSE(parse_config("driver_pool_release:off").config.driver_pool_release);
-  auto bad = parse_config("driver_pool_release:sometimes");
-  ASSERT_EQ(bad.errors.size(), 1u);
-  EXPECT_NE(bad.errors[0].find("driver_pool_release"), std::string::npos);
-  EXPECT_TRUE(bad.config.driver_pool_release) << "a bad value keeps the default";
-}
-
-TEST(Config, StreamCutFenceIsOnByDefault) {
-  EXPECT_TRUE(parse_config("").config.stream_cut_fence);
-  EXPECT_FALSE(parse_config("stream_cut_fence:off").config.stream_cut_fence);
-  auto bad = parse_config("stream_cut_fence:2");
-  ASSERT_EQ(bad.errors.size(), 1u);
-  EXPECT_NE(bad.errors[0].find("stream_cut_fence"), std::string::npos);
-  EXPECT_TRUE(bad.config.stream_cut_fence) << "a bad value keeps the default";
+// Switches that are on unless turned off; a bad value keeps them on and names the key.
+TEST(Config, OnByDefaultSwitches) {
+  const std::pair<const char*, bool Config::*> switches[] = {
+      {"driver_pool_release", &Config::driver_pool_release},
+      {"stream_cut_fence", &Config::stream_cut_fence},
+  };
+  for (const auto& [key, member] : switches) {
+    SCOPED_TRACE(key);
+    EXPECT_TRUE(parse_config("").config.*member);
+    EXPECT_FALSE(parse_config(std::string(key) + ":off").config.*member);
+    auto bad = parse_config(std::string(key) + ":sometimes");
+    ASSERT_EQ(bad.errors.size(), 1u);
+    EXPECT_NE(bad.errors[0].find(key), std::string::npos);
+    EXPECT_TRUE(bad.config.*member) << "a bad value keeps the default";
+  }
 }
 
 TEST(Config, ProgramVmmServesByDefaultAndCanOnlyCount) {
