@@ -357,7 +357,7 @@ Block* DevicePool::take_cached(std::size_t rounded, Stream stream) noexcept {
 }
 
 bool DevicePool::own_cut_pins(std::size_t rounded, Stream stream, std::uint64_t* epoch) noexcept {
-  if (stream == kAnyStream || stream_free_.empty()) return false;
+  if (stream == kAnyStream || stream_free_.empty() || !heap_.made_coarse_handles()) return false;
   auto it = stream_free_.find(stream);
   if (it == stream_free_.end()) return false;
   // The choice take_cached makes, and take_from's cut.

@@ -154,6 +154,8 @@ class LargeHeap {
   // Whether cutting the pending block b at `boundary` would leave a coarse handle lying wholly in
   // b split by the cut: what split_for_cut would split once b's fence has come.
   bool pending_cut_pins(const Block* b, DevPtr boundary) const noexcept;
+  // Whether any coarse handle was ever created: pending_cut_pins's callers skip their lookups.
+  bool made_coarse_handles() const noexcept { return coarse_created_ != 0; }
   // b becomes allocated (mark_allocated) or is about to stop being allocated (note_dead, where
   // the caller changes its state): what handle_share leaves out follows the very large live
   // blocks.
