@@ -14,10 +14,11 @@
 // alignment: only the order is lost. One PROT_NONE window mapped up front and carved bottom up
 // gave the same order, but qemu-user (CI's aarch64 stage) tracks every mapping page by page, and
 // the window made that stage three times slower; lanes map no more than mmap's order did.
-// map() replaces a
-// part of a reservation with a MAP_SHARED|MAP_FIXED view of the handle's memfd, still PROT_NONE
-// until set_access() (as on CUDA, where a mapping is inaccessible until cuMemSetAccess). unmap()
-// puts the PROT_NONE anonymous placeholder back so the address range stays reserved.
+//
+// map() replaces a part of a reservation with a MAP_SHARED|MAP_FIXED view of the handle's memfd,
+// still PROT_NONE until set_access() (as on CUDA, where a mapping is inaccessible until
+// cuMemSetAccess). unmap() puts the PROT_NONE anonymous placeholder back so the address range
+// stays reserved.
 #include "gpustitch/sim_backend.h"
 
 #include <fcntl.h>
@@ -56,7 +57,7 @@ class AscendingLanes {
     return lanes;
 #endif
   }
-  // A lane of `size` bytes (a multiple of `align`), or 0 where none is free.
+  // A lane of `size` bytes, or 0 where none is free.
   DevPtr take(std::size_t size) noexcept {
     std::lock_guard lock(mu_);
     if (!ready_) {

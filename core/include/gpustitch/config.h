@@ -112,7 +112,8 @@ struct Config {
   // A stream-ordered allocation whose best fit is a cut out of the stream's own memory still
   // waiting for its fence, with the cut inside a large handle (fresh_coarse_mb), fences first (as
   // stream_miss_fence waits), so that the cut may split the handle instead of the live block
-  // pinning its free rest for as long as it lives.
+  // pinning its free rest for as long as it lives. It waits only where stream_miss_fence may
+  // (otherwise it fences only where fences are cheap: reclaim:inline, or an idle device).
   bool stream_cut_fence = true;  // stream_cut_fence:on|off
   // Large blocks freed on a stream (cudaFreeAsync) are kept, up to this many bytes (and 32
   // blocks) per thread arena, for the same stream to reuse without the device lock. 0 = off, the
