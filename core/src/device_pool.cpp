@@ -343,11 +343,8 @@ Block* DevicePool::take_cached(std::size_t rounded, Stream stream) noexcept {
   if (stream != kAnyStream && !stream_free_.empty()) {
     auto it = stream_free_.find(stream);
     if (it != stream_free_.end()) {
-      // Best fit over all the stream may use: its own pending blocks and the fenced free ones.
-      // (Its own first left the smaller free block to others and cut a larger one of its own.)
       auto own = heap_.fit(it->second, rounded);
-      auto any = heap_.fit(heap_.free_blocks(), rounded);
-      if (own != it->second.end() && any != heap_.free_blocks().end() && any->size < own->size) {
+      if (own != it->second.end() && free_fit_is_smaller(*own, rounded)) {
         if (Block* b = take_from(heap_, heap_.free_blocks(), rounded, false)) return b;
       }
       if (Block* b = take_from(heap_, it->second, rounded, true)) return b;
@@ -356,15 +353,20 @@ Block* DevicePool::take_cached(std::size_t rounded, Stream stream) noexcept {
   return take_from(heap_, heap_.free_blocks(), rounded, false);
 }
 
+bool DevicePool::free_fit_is_smaller(const Block& own, std::size_t rounded) noexcept {
+  // Best fit over all a stream may use: its own pending blocks and the fenced free ones. (Its
+  // own first left the smaller free block to others and cut a larger one of its own.)
+  auto any = heap_.fit(heap_.free_blocks(), rounded);
+  return any != heap_.free_blocks().end() && any->size < own.size;
+}
+
 bool DevicePool::own_cut_pins(std::size_t rounded, Stream stream, std::uint64_t* epoch) noexcept {
   if (stream == kAnyStream || stream_free_.empty() || !heap_.made_coarse_handles()) return false;
   auto it = stream_free_.find(stream);
   if (it == stream_free_.end()) return false;
   // The choice take_cached makes, and take_from's cut.
   auto own = heap_.fit(it->second, rounded);
-  if (own == it->second.end()) return false;
-  auto any = heap_.fit(heap_.free_blocks(), rounded);
-  if (any != heap_.free_blocks().end() && any->size < own->size) return false;
+  if (own == it->second.end() || free_fit_is_smaller(*own, rounded)) return false;
   const std::size_t max_split = config_.max_split_size;
   if (own->size >= max_split) return false;  // used whole, or not at all
   if (rounded >= own->size || !heap_.pending_cut_pins(&*own, own->ptr + rounded)) return false;

@@ -95,6 +95,9 @@ class DevicePool final {
   // Whether take_cached would cut the stream's own pending block inside a coarse handle
   // (stream_cut_fence); *epoch: the fence that would let the cut split it instead.
   bool own_cut_pins(std::size_t rounded, Stream stream, std::uint64_t* epoch) noexcept;
+  // Whether the fenced free set has a smaller fit for `rounded` than the stream's own block `own`
+  // (then best fit takes from the free set).
+  bool free_fit_is_smaller(const Block& own, std::size_t rounded) noexcept;
   // Best fit in `set` (heap's free blocks, or a stream's pending ones), cut at the request.
   Block* take_from(LargeHeap& heap, FreeSet& set, std::size_t rounded, bool pending) noexcept;
   // A chunk for the small-object pool, from chunks_ (lock held).
