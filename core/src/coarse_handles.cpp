@@ -36,7 +36,7 @@
 // H200 the pool's driver time fell from 867 to 164-174 ms on GPT training under the balloon
 // and from 116-120 to 99-118 ms on HF training, at the same peak reserved; tokens/s medians
 // over seven paired rounds were 4-6% below ordinary handles, inside single runs' spread
-// (README, Performance).
+// (docs/performance-history.md, "A fresh block now costs about what `cudaMalloc` does").
 #include <algorithm>
 
 #include "large_heap.h"

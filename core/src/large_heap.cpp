@@ -133,12 +133,12 @@
 // chaotic function of the bound (and on the GPU of the reclaimer's timing: two HF runs of nine
 // at 1.044x); 4 GiB was the round figure that no trace punished in that replay. A bound on
 // handles per gap in the phase (32: bucketed 1.031;
-// 64 or more: no change). On the GPU (an H100, 2026-12-06; README, "The memory-first phase"):
-// GPT 1.018-1.023x of PyTorch's allocated bytes in four rounds (without the phase 1.021-1.025),
-// HF Llama training 1.026-1.031x in seven runs of nine and 1.044-1.045x in two (without it
-// 1.031-1.051x), a small generate() run 732 MB against 740; tokens/s not separable from the
-// runs' noise that day. HF's recorded traces replay to 1.019x with the phase and 1.015x without:
-// on the largest programs the phase is about level, not better.
+// 64 or more: no change). On the GPU (an H100, 2026-12-06; docs/performance-history.md, "The
+// memory-first phase"): GPT 1.018-1.023x of PyTorch's allocated bytes in four rounds (without the
+// phase 1.021-1.025), HF Llama training 1.026-1.031x in seven runs of nine and 1.044-1.045x in two
+// (without it 1.031-1.051x), a small generate() run 732 MB against 740; tokens/s not separable from
+// the runs' noise that day. HF's recorded traces replay to 1.019x with the phase and 1.015x
+// without: on the largest programs the phase is about level, not better.
 // Those figures came from a replay that made every call from one thread. PyTorch's training
 // traces come from two (the Python thread and autograd's device thread), and the pool gives each
 // thread an arena of its own (small pool and chunks); replay now makes each trace thread's calls

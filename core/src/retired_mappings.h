@@ -4,12 +4,12 @@
 // Why. Moving an idle handle (large_heap.cpp) is an unmap where it lay free, a map where memory is
 // needed and a share of one cuMemSetAccess, all on the thread that allocates: in PyTorch that is
 // the thread that launches the kernels, so on the GPU the pool's driver calls inside training steps
-// were 3-5% of the steps (README, "Where the speed goes"). Of a move's ~50 us on an H200, the
-// unmap is ~18 us (more while kernels run), and nothing the caller gets depends on it: the driver
-// lets a handle be mapped at two places at once, and the old place is address space the pool
-// books as unbacked. So the allocating thread maps the handle at its new place and leaves the old
-// mapping here; the reclaimer thread (reclaimer.cpp), already awake whenever frees come, unmaps it
-// shortly after, outside the device lock.
+// were 3-5% of the steps (docs/performance-history.md, "Where the speed goes"). Of a move's ~50 us
+// on an H200, the unmap is ~18 us (more while kernels run), and nothing the caller gets depends on
+// it: the driver lets a handle be mapped at two places at once, and the old place is address space
+// the pool books as unbacked. So the allocating thread maps the handle at its new place and leaves
+// the old mapping here; the reclaimer thread (reclaimer.cpp), already awake whenever frees come,
+// unmaps it shortly after, outside the device lock.
 //
 // What must hold, and who makes it hold:
 //   - nothing is mapped over a retired place until its unmap is done: Backing::map settles every

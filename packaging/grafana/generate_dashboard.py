@@ -98,7 +98,8 @@ ts("Allocation rate and how it was served", [
    "ops", 0, y, w=24)
 y += 8
 # Under PyTorch the thread that allocates is the one that launches kernels: the pool's driver
-# time there is time the GPU may wait for (README, "The allocating thread's driver calls").
+# time there is time the GPU may wait for (docs/performance-history.md, "The allocating thread's
+# driver calls, by kind").
 ts("Time in the driver's memory API", [
     (f'sum by (instance, pid, command) (rate(gpustitch_driver_seconds_total{{{SEL}}}[$__rate_interval]))', "{{instance}} pid {{pid}} {{command}}")],
    "percentunit", 0, y,
