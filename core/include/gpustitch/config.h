@@ -67,7 +67,7 @@ struct Config {
   // In replay 16 held the recorded traces at 1.011-1.052x of demand, 32 and 64 at 1.011-1.052x
   // with bucketed sizes at 1.043x against 1.024x, and 16 created the fewest handles
   // (gpt_seqlen_b5: 1,296 against 1,371). 0 with handle_share:1024 and size_ranges:on is the
-  // memory-first layout (README, "Settings").
+  // memory-first layout (README, "Configuration").
   unsigned gap_handles = 16;  // gap_handles
   // Requests below 1 MiB, below 4 MiB and larger are placed in address ranges of their own, so
   // that small blocks pack among themselves instead of leaving pieces of granules between large

@@ -151,7 +151,7 @@ INSTANTIATE_TEST_SUITE_P(
                     TraceCase{"transformer_dynseq_long", kWithoutPhase, kTarget, kTarget, kTarget}),
     case_name);
 
-// The memory-first layout (README, "Settings"; large_heap.cpp, "Size ranges"): the target on
+// The memory-first layout (README, "Configuration"; large_heap.cpp, "Size ranges"): the target on
 // every row.
 constexpr const char* kMemoryFirst = "size_ranges:on,handle_share:1024,gap_handles:0";
 INSTANTIATE_TEST_SUITE_P(
