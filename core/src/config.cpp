@@ -128,11 +128,12 @@ const std::vector<KeySpec>& key_specs() {
        [](std::string_view v, Config& c) { return parse_mb_or_zero(v, &c.memory_first); }},
       {"stitching", "on or off",
        [](std::string_view v, Config& c) { return parse_bool(v, &c.stitching); }},
-      {"reclaim", "thread or inline",
+      {"reclaim", "thread, inline or ordered",
        [](std::string_view v, Config& c) {
-         if (v == "thread") return c.background_reclaim = true, true;
-         if (v == "inline") return c.background_reclaim = false, true;
-         return false;
+         if (v != "thread" && v != "inline" && v != "ordered") return false;
+         c.background_reclaim = v != "inline";
+         c.ordered_fences = v == "ordered";
+         return true;
        }},
       {"grow_slack_pct", "a percentage between 0 and 100",
        [](std::string_view v, Config& c) {

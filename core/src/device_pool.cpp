@@ -85,7 +85,7 @@ DevicePool::DevicePool(Backend& backend, const Config& config, int device, PoolO
       observer_(observer),
       heap_(backend, device, heap_options(backend, config, device), observer),
       chunks_(backend, device, chunk_heap_options(backend, device), observer),
-      reclaimer_([this] { return fence_pass(); }) {
+      reclaimer_([this] { return fence_pass(/*promote_large=*/!config_.ordered_fences); }) {
   granularity_ = backend_.granularity(device_);
   std::size_t free = 0, total = 0;
   usable_ = granularity_ != 0 && backend_.mem_info(device_, &free, &total) == Status::ok &&
@@ -140,7 +140,8 @@ Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
   // pool serves, so that its free needs no device lock either.
   Arena* owner = config_.large_cache != 0 && rounded >= size ? &arena_for_thread() : nullptr;
   Status status = Status::ok;
-  bool may_wait = stream != kAnyStream && config_.stream_miss_fence && may_wait_for_fence();
+  bool may_wait = (config_.ordered_fences || (stream != kAnyStream && config_.stream_miss_fence)) &&
+                  may_wait_for_fence();
   for (int attempt = 0; attempt < 2; ++attempt) {
     std::uint64_t wait = 0;  // the epoch to wait for, if the device path asks
     {
@@ -228,14 +229,18 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
   // best fit then sees every freed block, merged with its neighbours. Fenced only after a miss,
   // the training traces replayed to 1-4% more reserved memory and more misses, as requests went
   // to other free blocks while the best one waited.
-  if (!grow && stream == kAnyStream) fence_locked_if_cheap();
+  if (!grow && stream == kAnyStream && fence_step(wait_for_fence) == FenceStep::wait) {
+    return Status::out_of_memory;
+  }
   // A stream's cut out of its own memory waiting for its fence cannot split a coarse handle (the
   // GPU may still use it), so the live block would pin the handle's free rest while it lives:
   // fence first (or wait for the reclaimer's fence, as a stream-ordered miss does), and the cut
   // splits the handle.
   if (std::uint64_t epoch = 0;
       !grow && config_.stream_cut_fence && own_cut_pins(rounded, stream, &epoch)) {
-    if (fence_is_cheap(last_fence_ns_.load(std::memory_order_relaxed))) {
+    if (config_.ordered_fences) {
+      if (fence_step(wait_for_fence) == FenceStep::wait) return Status::out_of_memory;
+    } else if (fence_is_cheap(last_fence_ns_.load(std::memory_order_relaxed))) {
       fence_locked();
     } else if (wait_for_fence != nullptr) {
       *wait_for_fence = epoch;
@@ -249,7 +254,15 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
     // Memory waiting for its fence: fence here instead of taking more memory if that is cheap,
     // i.e. the last fence found the device idle (a tight allocate/free loop with cudaFree
     // semantics), or if the pool fences only on demand. A busy device is left to the reclaimer.
-    if (fence_locked_if_cheap() && cached()) return Status::ok;
+    switch (fence_step(wait_for_fence)) {
+      case FenceStep::fenced:
+        if (cached()) return Status::ok;
+        break;
+      case FenceStep::wait:
+        return Status::out_of_memory;
+      case FenceStep::none:
+        break;
+    }
     // Much memory waiting for its fence (the program runs ahead of the device, freeing as it goes):
     // wait for the device rather than grow the pool by what is about to come back anyway.
     // Stream-ordered allocations (cudaMallocAsync) never make the host wait.

@@ -127,7 +127,12 @@ class DevicePool final {
   // --- fencing (see reclaimer.cpp) ---
   bool has_pending() const noexcept;  // lock held
   bool arenas_pending() const noexcept;
-  bool fence_pass() noexcept;  // reclaimer thread entry: unlocked
+  // Lock held: frees that no completed fence covers yet (the pending ones, except with
+  // reclaim:ordered, where covered memory stays pending until an allocation makes it free).
+  bool has_unfenced() const noexcept;
+  // Unlocked. promote_large: what the fence covered in the large pool becomes free here (not on
+  // the reclaimer thread with reclaim:ordered).
+  bool fence_pass(bool promote_large = true) noexcept;
   // Reclaimer thread: unmaps moved handles' old places (retired_mappings.h); returns whether
   // more wait.
   bool unmap_retired() noexcept;
@@ -135,6 +140,12 @@ class DevicePool final {
   // Fences with the lock held if memory waits for a fence and the last fence found the device
   // idle (fence_is_cheap); returns whether it fenced.
   bool fence_locked_if_cheap() noexcept;
+  // Lock held: where reclaim:inline fences on the allocating thread. fenced: every free so far is
+  // now free memory (fenced here where that is cheap, or, with reclaim:ordered, covered by the
+  // reclaimer's fences); wait: with reclaim:ordered, *wait_for_fence is set and the caller waits
+  // for that fence without the locks (wait_for_reclaimer), then retries; none: nothing done here.
+  enum class FenceStep : std::uint8_t { none, fenced, wait };
+  FenceStep fence_step(std::uint64_t* wait_for_fence) noexcept;
   void promote(std::uint64_t epoch) noexcept;
   // No lock held: waits, for kMaxFenceWait at most, until a completed fence covers `epoch`,
   // then promotes what the fences covered.

@@ -53,6 +53,40 @@ bool DevicePool::fence_locked_if_cheap() noexcept {
   return true;
 }
 
+bool DevicePool::has_unfenced() const noexcept {
+  if (!config_.ordered_fences) return has_pending();
+  return (fq_tail_ != nullptr &&
+          fq_tail_->epoch > completed_epoch_.load(std::memory_order_acquire)) ||
+         arenas_pending();
+}
+
+// reclaim:ordered gives inline's decisions without its device wait under the lock. Inline mode
+// makes freed large blocks free only here (and at the out-of-memory fences), so what a request
+// finds depends on the program's calls alone; the default mode also lets the reclaimer thread
+// make them free between two calls, whenever its fence completes, which on the GPU moved peak
+// reserved from run to run (docs/address-space.md, "Ordered fences"). Ordered mode keeps the
+// device wait on the reclaimer thread but the promotion here: covered frees become free at
+// once; otherwise the allocation leaves the locks and waits, bounded as a stream miss waits, for
+// the fence of the newest free, and retries. Where it may not wait (once per allocation, and not
+// after a wait ran out until that fence completes), what is covered becomes free and the rest
+// waits, as in the default mode.
+DevicePool::FenceStep DevicePool::fence_step(std::uint64_t* wait_for_fence) noexcept {
+  if (fq_head_ == nullptr) return FenceStep::none;
+  if (fence_is_cheap(last_fence_ns_.load(std::memory_order_relaxed))) {
+    fence_locked();
+    return FenceStep::fenced;
+  }
+  if (!config_.ordered_fences) return FenceStep::none;
+  const std::uint64_t done = completed_epoch_.load(std::memory_order_acquire);
+  if (done < fq_tail_->epoch && wait_for_fence != nullptr) {
+    *wait_for_fence = fq_tail_->epoch;
+    return FenceStep::wait;
+  }
+  const bool all = done >= fq_tail_->epoch;
+  promote(done);
+  return all ? FenceStep::fenced : FenceStep::none;
+}
+
 void DevicePool::note_fence_completed(std::uint64_t epoch) noexcept {
   atomic_max(completed_epoch_, epoch);
   // Fences come on the allocation path too (a cudaFree loop fences per reuse): without waiters
@@ -118,14 +152,14 @@ bool DevicePool::unmap_retired() noexcept {
   return heap_.backing().retired_waiting() != 0;
 }
 
-bool DevicePool::fence_pass() noexcept {
+bool DevicePool::fence_pass(bool promote_large) noexcept {
   // Moved handles' old places first (retired_mappings.h): no device wait, and the allocating
   // thread may need their address space.
   const bool more_unmaps = unmap_retired();
   std::uint64_t target;
   {
     std::lock_guard lock(mu_);
-    if (!has_pending()) return more_unmaps;
+    if (!(promote_large ? has_pending() : has_unfenced())) return more_unmaps;
     target = epoch_.fetch_add(1);
   }
   // The device is waited for without the lock: allocations and frees go on meanwhile.
@@ -139,9 +173,9 @@ bool DevicePool::fence_pass() noexcept {
   // Returns whether idle memory above the release threshold sits parked in the arenas.
   auto settle = [&] {
     std::lock_guard lock(mu_);
-    promote(target);
+    if (promote_large) promote(target);
     maybe_release_locked(&outcome);
-    more = has_pending();
+    more = promote_large ? has_pending() : has_unfenced();
     return release_wanted_locked() && parked_bytes() != 0;
   };
   // Parked memory above the threshold is brought here (the arena locks come first, so outside

@@ -166,6 +166,24 @@ TEST(Config, OnByDefaultSwitches) {
   }
 }
 
+TEST(Config, ReclaimTakesThreadInlineOrOrdered) {
+  const Config d = parse_config("").config;
+  EXPECT_TRUE(d.background_reclaim);
+  EXPECT_FALSE(d.ordered_fences);
+  const Config inl = parse_config("reclaim:inline").config;
+  EXPECT_FALSE(inl.background_reclaim);
+  EXPECT_FALSE(inl.ordered_fences);
+  const Config ord = parse_config("reclaim:ordered").config;
+  EXPECT_TRUE(ord.background_reclaim) << "ordered fences run on the reclaimer thread";
+  EXPECT_TRUE(ord.ordered_fences);
+  const Config back = parse_config("reclaim:ordered,reclaim:thread").config;
+  EXPECT_FALSE(back.ordered_fences) << "the last value wins";
+  auto bad = parse_config("reclaim:sometimes");
+  ASSERT_EQ(bad.errors.size(), 1u);
+  EXPECT_NE(bad.errors[0].find("thread, inline or ordered"), std::string::npos) << bad.errors[0];
+  EXPECT_FALSE(bad.config.ordered_fences);
+}
+
 TEST(Config, ProgramVmmServesByDefaultAndCanOnlyCount) {
   EXPECT_TRUE(parse_config("").config.serve_program_vmm);
   auto r = parse_config("program_vmm:count");

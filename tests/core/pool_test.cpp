@@ -1067,6 +1067,73 @@ TEST(Pool, StreamCutInsideALargeHandleWaitsForItsFenceAndSplitsIt) {
   }
 }
 
+// reclaim:ordered: the reclaimer thread waits for the device, but freed large blocks become free
+// only where inline mode fences, so a program's calls get inline's answers (and replay's figures)
+// whenever the device's fences take, here 2 ms each, which no allocation waits for under the lock.
+// A training-like mix of sizes, freed in a shuffled order, with cudaFree semantics and on a
+// stream: every address and the peak reserved must equal inline mode's.
+TEST(Pool, OrderedFencesGiveInlineModesAnswersWithTheDeviceWaitOffTheLock) {
+  struct Run {
+    std::vector<DevPtr> addresses;
+    std::size_t peak_reserved = 0;
+    DeviceStats stats;
+  };
+  auto run = [](bool ordered, Stream stream) {
+    SimOptions slow_fences;  // a busy device: no fence is cheap, so ordered mode must wait
+    slow_fences.call_ns[static_cast<std::size_t>(SimOp::synchronize)] = 2'000'000;
+    TestDevice dev = make_test_device(ordered ? slow_fences : SimOptions{});
+    Run r;
+    if (dev.sim == nullptr) return r;
+    Config c = inline_config();
+    c.background_reclaim = ordered;
+    c.ordered_fences = ordered;
+    Pool pool(*dev.backend, c);
+    std::mt19937 rng(17);
+    std::vector<std::pair<DevPtr, std::size_t>> live;
+    std::uint8_t tag = 0;
+    for (int step = 0; step < 240; ++step) {
+      if (live.size() < 4 || (live.size() < 24 && rng() % 5 < 3)) {
+        // 2-160 MiB, not granule-aligned, and now and then a large one that makes coarse handles
+        const std::size_t size = rng() % 8 == 0 ? (300 + rng() % 300) * MiB + (rng() % 64) * KiB
+                                                : (2 + rng() % 158) * MiB + (rng() % 2048) * 512;
+        DevPtr p = 0;
+        EXPECT_EQ(pool.allocate(0, size, stream, &p), Status::ok) << "step " << step;
+        if (p == 0) return r;
+        r.addresses.push_back(p);
+        stamp(dev, p, size, ++tag);
+        live.emplace_back(p, size);
+      } else {
+        const std::size_t i = rng() % live.size();
+        EXPECT_EQ(pool.deallocate(live[i].first, stream), Status::ok);
+        live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+      }
+      EXPECT_EQ(pool.validate(0), "") << "step " << step;
+    }
+    r.stats = pool.stats(0);
+    r.peak_reserved = r.stats.peak_reserved;
+    for (auto& [p, size] : live) EXPECT_EQ(pool.deallocate(p, stream), Status::ok);
+    return r;
+  };
+  for (Stream stream : {kAnyStream, Stream{0x3000}}) {
+    SCOPED_TRACE(stream == kAnyStream ? "cudaFree semantics" : "stream-ordered");
+    const Run inline_run = run(false, stream);
+    if (inline_run.addresses.empty()) GTEST_SKIP() << "needs a controllable device";
+    const Run ordered_run = run(true, stream);
+    ASSERT_EQ(ordered_run.addresses.size(), inline_run.addresses.size());
+    for (std::size_t i = 0; i < inline_run.addresses.size(); ++i) {
+      ASSERT_EQ(ordered_run.addresses[i], inline_run.addresses[i]) << "allocation " << i;
+    }
+    EXPECT_EQ(ordered_run.peak_reserved, inline_run.peak_reserved);
+    EXPECT_GT(ordered_run.stats.fence_waits, 0u) << "the busy device was never waited for";
+    EXPECT_EQ(ordered_run.stats.fence_waits_timed_out, 0u);
+    // Each of inline mode's fences is a wait for the reclaimer's fence here (or, before the
+    // reclaimer's first fence has been timed, a fence under the lock).
+    EXPECT_EQ(ordered_run.stats.fence_waits + ordered_run.stats.fence_syncs,
+              inline_run.stats.fence_syncs);
+    EXPECT_LE(ordered_run.stats.fence_syncs, 1u) << "device waits under the lock";
+  }
+}
+
 TEST(Pool, StreamOrderedFreeIsReusedBySameStreamOnly) {
   TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";

@@ -87,8 +87,13 @@ struct Config {
   // block freed and taken again at its size costs no driver call at all.
   std::size_t fresh_coarse = 256 * MiB;  // fresh_coarse_mb
   // Frees wait for device work on a background thread (thread), or only when an allocation
-  // needs their memory (inline: deterministic, for tests and replay).
-  bool background_reclaim = true;  // reclaim:thread|inline
+  // needs their memory (inline: deterministic, for tests and replay). ordered: the thread runs
+  // the device waits, but freed large blocks become free only on the allocating thread, at the
+  // points where inline fences, after a bounded wait for the thread's fence (as
+  // stream_miss_fence waits): inline's decisions, and so replay's figures, without a device wait
+  // under the lock (docs/address-space.md, "Ordered fences").
+  bool background_reclaim = true;  // reclaim:thread|inline|ordered
+  bool ordered_fences = false;     // reclaim:ordered (with background_reclaim)
   // A moved handle's old place is unmapped by that thread (background) instead of the allocating
   // one (inline), which then makes a map and a share of one cuMemSetAccess per moved handle, not
   // also an unmap (retired_mappings.h); inline where there is no such thread. lazy: only when
