@@ -1134,6 +1134,46 @@ TEST(Pool, OrderedFencesGiveInlineModesAnswersWithTheDeviceWaitOffTheLock) {
   }
 }
 
+// reclaim:ordered never hangs a stream-ordered program whose device waits for the host (an NCCL
+// peer waiting for this allocation): the wait for the reclaimer's fence is bounded, the
+// allocation then takes fresh memory, and no allocation waits again until that fence completes.
+// (With cudaFree semantics the program's own cudaFree would wait for such a device natively.)
+TEST(Pool, OrderedFencesWaitBoundedlyForADeviceThatNeverFinishes) {
+  SimOptions slow_fences;  // 10 ms fences: the device looks busy, so no fence under the lock
+  slow_fences.call_ns[static_cast<std::size_t>(SimOp::synchronize)] = 10'000'000;
+  TestDevice dev = make_test_device(slow_fences);
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
+  Config c;
+  c.ordered_fences = true;
+  Pool pool(*dev.backend, c);
+  const Stream stream = 0x3000;
+  DevPtr a = 0, b = 0, d = 0;
+  ASSERT_EQ(pool.allocate(0, 64 * MiB, stream, &a), Status::ok);
+  ASSERT_EQ(pool.deallocate(a, stream), Status::ok);
+  pool.drain_pending(0);  // one fence timed: the pool knows fences are slow
+  ASSERT_EQ(pool.allocate(0, 64 * MiB, stream, &a), Status::ok);
+  dev.sim->hold_device(true);  // from here no fence completes
+  ASSERT_EQ(pool.deallocate(a, stream), Status::ok);
+  const DeviceStats before = pool.stats(0);
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(pool.allocate(0, 96 * MiB, stream, &b), Status::ok);  // a miss: a fence site
+  const auto t1 = std::chrono::steady_clock::now();
+  ASSERT_EQ(pool.allocate(0, 96 * MiB, stream, &d), Status::ok);  // must not wait again
+  const auto t2 = std::chrono::steady_clock::now();
+  const DeviceStats after = pool.stats(0);
+  EXPECT_EQ(after.fence_waits_timed_out - before.fence_waits_timed_out, 1u);
+  EXPECT_EQ(after.fence_waits - before.fence_waits, 1u) << "waited again behind the same fence";
+  EXPECT_GE(t1 - t0, std::chrono::milliseconds(150)) << "did not wait for the device";
+  EXPECT_LT(t2 - t1, std::chrono::milliseconds(100)) << "waited again";
+  EXPECT_NE(b, a) << "reused memory the device may still use";
+  EXPECT_NE(d, a);
+  dev.sim->hold_device(false);
+  pool.drain_pending(0);
+  EXPECT_EQ(pool.validate(0), "");
+  ASSERT_EQ(pool.deallocate(b, stream), Status::ok);
+  ASSERT_EQ(pool.deallocate(d, stream), Status::ok);
+}
+
 TEST(Pool, StreamOrderedFreeIsReusedBySameStreamOnly) {
   TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
