@@ -1126,9 +1126,10 @@ TEST(Pool, OrderedFencesGiveInlineModesAnswersWithTheDeviceWaitOffTheLock) {
     EXPECT_EQ(ordered_run.peak_reserved, inline_run.peak_reserved);
     EXPECT_GT(ordered_run.stats.fence_waits, 0u) << "the busy device was never waited for";
     EXPECT_EQ(ordered_run.stats.fence_waits_timed_out, 0u);
-    // Each of inline mode's fences is a wait for the reclaimer's fence here (or, before the
-    // reclaimer's first fence has been timed, a fence under the lock).
-    EXPECT_EQ(ordered_run.stats.fence_waits + ordered_run.stats.fence_syncs,
+    // Each of inline mode's fences is here a wait for the reclaimer's fence, nothing at all
+    // where that fence has already covered every free (a slow host: under emulation one of the
+    // 28 was), or, before the reclaimer's first fence has been timed, a fence under the lock.
+    EXPECT_LE(ordered_run.stats.fence_waits + ordered_run.stats.fence_syncs,
               inline_run.stats.fence_syncs);
     EXPECT_LE(ordered_run.stats.fence_syncs, 1u) << "device waits under the lock";
   }
