@@ -118,7 +118,10 @@ struct Config {
   // waiting for its fence, with the cut inside a large handle (fresh_coarse_mb), fences first (as
   // stream_miss_fence waits), so that the cut may split the handle instead of the live block
   // pinning its free rest for as long as it lives. It waits only where stream_miss_fence may
-  // (otherwise it fences only where fences are cheap: reclaim:inline, or an idle device).
+  // (otherwise it fences only where fences are cheap: reclaim:inline, or an idle device). On an
+  // H100 it held HF Llama training at 1.017-1.018x of PyTorch's peak allocated against
+  // 1.025-1.033x, and cost 3-30% of tokens/s in fence waits and splits (README, "On the GPU"):
+  // on, since memory is what the pool is for; off for programs whose limit is speed.
   bool stream_cut_fence = true;  // stream_cut_fence:on|off
   // Large blocks freed on a stream (cudaFreeAsync) are kept, up to this many bytes (and 32
   // blocks) per thread arena, for the same stream to reuse without the device lock. 0 = off, the
