@@ -26,12 +26,12 @@ constexpr Stream kStreams[] = {kAnyStream, kAnyStream, 0x51, 0x52};
 // (large fresh ranges in a few large handles, refined where a cut needs it) or 0, and whether moved
 // handles' old places stay mapped until needed (unmap:lazy; the reclaimer thread's unmaps are not
 // deterministic) or are unmapped at once, and the memory-first layout (size ranges of their own,
-// handles of 1/1024 of the heap with no bound per range: README, "Configuration"; by default the heap
-// uses it until it holds 8 GiB, which the model may or may not reach, so a third layout ends that
-// phase at 256 MiB, early in every run: 0 defaults, 1 memory-first throughout, 2 early end), and
-// grow_slack_pct:2 (misses take fresh memory instead of moving idle handles while the pool holds
-// less than 2% above the peak: a path that once acted on the idle handles an earlier miss had
-// looked at, since moved or given back).
+// handles of 1/1024 of the heap with no bound per range: README, "Configuration"; by default the
+// heap uses it until it holds 8 GiB, which the model may or may not reach, so a third layout ends
+// that phase at 256 MiB, early in every run: 0 defaults, 1 memory-first throughout, 2 early end),
+// and grow_slack_pct:2 (misses take fresh memory instead of moving idle handles while the pool
+// holds less than 2% above the peak: a path that once acted on the idle handles an earlier miss
+// had looked at, since moved or given back).
 class PoolModel
     : public ::testing::TestWithParam<std::tuple<bool, unsigned, bool, bool, unsigned, bool>> {};
 
