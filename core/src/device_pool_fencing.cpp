@@ -71,12 +71,8 @@ bool DevicePool::has_unfenced() const noexcept {
 // after a wait ran out until that fence completes), what is covered becomes free and the rest
 // waits, as in the default mode.
 DevicePool::FenceStep DevicePool::fence_step(std::uint64_t* wait_for_fence) noexcept {
-  if (fq_head_ == nullptr) return FenceStep::none;
-  if (fence_is_cheap(last_fence_ns_.load(std::memory_order_relaxed))) {
-    fence_locked();
-    return FenceStep::fenced;
-  }
-  if (!config_.ordered_fences) return FenceStep::none;
+  if (fence_locked_if_cheap()) return FenceStep::fenced;
+  if (fq_head_ == nullptr || !config_.ordered_fences) return FenceStep::none;
   const std::uint64_t done = completed_epoch_.load(std::memory_order_acquire);
   if (done < fq_tail_->epoch && wait_for_fence != nullptr) {
     *wait_for_fence = fq_tail_->epoch;
