@@ -154,6 +154,8 @@ const std::vector<KeySpec>& key_specs() {
        [](std::string_view v, Config& c) { return parse_bool(v, &c.stream_miss_fence); }},
       {"stream_cut_fence", "on or off",
        [](std::string_view v, Config& c) { return parse_bool(v, &c.stream_cut_fence); }},
+      {"stream_cut_wait", "on or off",
+       [](std::string_view v, Config& c) { return parse_bool(v, &c.stream_cut_wait); }},
       {"large_cache_mb", "a size in MiB (0 = off)",
        [](std::string_view v, Config& c) { return parse_scaled(v, MiB, &c.large_cache); }},
       {"sim_capacity_mb", "a size in MiB (>= 1)",

@@ -88,6 +88,11 @@ struct Driver {
   // Optional: without them, export_handle() and import_handle() report not_supported.
   decltype(&::cuMemExportToShareableHandle) cuMemExportToShareableHandle = nullptr;
   decltype(&::cuMemImportFromShareableHandle) cuMemImportFromShareableHandle = nullptr;
+  // Optional: without them, the event calls report not_supported (the pool fences instead).
+  decltype(&::cuEventCreate) cuEventCreate = nullptr;
+  decltype(&::cuEventDestroy) cuEventDestroy = nullptr;
+  decltype(&::cuEventRecord) cuEventRecord = nullptr;
+  decltype(&::cuEventQuery) cuEventQuery = nullptr;
 };
 
 // While another thread captures a CUDA graph in the global capture mode, "unsafe" calls from any
@@ -325,6 +330,49 @@ class CudaBackend final : public Backend {
     return to_status(sync(devices_[device].primary));
   }
 
+  // Events are created in the device's primary context (the runtime's, whose streams a program's
+  // stream-ordered frees name), without timing (a record then costs no timestamp). A record on a
+  // stream of another context fails, and the pool fences instead.
+  Status create_event(int device, Event* out) noexcept override {
+    if (!valid(device)) return Status::invalid_device;
+    if (driver_.cuEventCreate == nullptr || driver_.cuEventDestroy == nullptr ||
+        driver_.cuEventRecord == nullptr || driver_.cuEventQuery == nullptr) {
+      return Status::not_supported;
+    }
+    PushedContext pushed(driver_, devices_[device].primary);
+    if (!pushed.ok()) return to_status(pushed.result());
+    CUevent event = nullptr;
+    const CUresult r = driver_.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING);
+    if (r != CUDA_SUCCESS) return to_status(r);
+    *out = reinterpret_cast<Event>(event);
+    return Status::ok;
+  }
+
+  Status destroy_event(Event event) noexcept override {
+    if (driver_.cuEventDestroy == nullptr) return Status::not_supported;
+    RelaxedCapture relaxed(driver_);
+    return to_status(driver_.cuEventDestroy(reinterpret_cast<CUevent>(event)));
+  }
+
+  Status record_event(Event event, Stream stream) noexcept override {
+    if (driver_.cuEventRecord == nullptr) return Status::not_supported;
+    // The shim's keys (types.h): a per-thread key is the calling thread's per-thread stream, 0
+    // the legacy default stream; other values are the CUstream itself.
+    CUstream s = is_per_thread_stream(stream) ? CU_STREAM_PER_THREAD
+                 : stream == 0                ? CU_STREAM_LEGACY
+                                              : reinterpret_cast<CUstream>(stream);
+    RelaxedCapture relaxed(driver_);
+    return to_status(driver_.cuEventRecord(reinterpret_cast<CUevent>(event), s));
+  }
+
+  Status query_event(Event event, bool* done) noexcept override {
+    if (driver_.cuEventQuery == nullptr) return Status::not_supported;
+    RelaxedCapture relaxed(driver_);
+    const CUresult r = driver_.cuEventQuery(reinterpret_cast<CUevent>(event));
+    *done = r == CUDA_SUCCESS;
+    return r == CUDA_SUCCESS || r == CUDA_ERROR_NOT_READY ? Status::ok : to_status(r);
+  }
+
  private:
   // Pushes ctx for the guard's lifetime.
   class PushedContext {
@@ -486,6 +534,10 @@ std::unique_ptr<Backend> load(std::string* why, DriverResolver resolver, void* r
       loader.resolve("cuMemExportToShareableHandle"));
   d.cuMemImportFromShareableHandle = reinterpret_cast<decltype(d.cuMemImportFromShareableHandle)>(
       loader.resolve("cuMemImportFromShareableHandle"));
+  d.cuEventCreate = reinterpret_cast<decltype(d.cuEventCreate)>(loader.resolve("cuEventCreate"));
+  d.cuEventDestroy = reinterpret_cast<decltype(d.cuEventDestroy)>(loader.resolve("cuEventDestroy"));
+  d.cuEventRecord = reinterpret_cast<decltype(d.cuEventRecord)>(loader.resolve("cuEventRecord"));
+  d.cuEventQuery = reinterpret_cast<decltype(d.cuEventQuery)>(loader.resolve("cuEventQuery"));
   if (missing != nullptr) {
     char text[160];
     std::snprintf(text, sizeof text, "driver entry point %s not found (driver too old?)", missing);

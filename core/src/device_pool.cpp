@@ -85,6 +85,7 @@ DevicePool::DevicePool(Backend& backend, const Config& config, int device, PoolO
       observer_(observer),
       heap_(backend, device, heap_options(backend, config, device), observer),
       chunks_(backend, device, chunk_heap_options(backend, device), observer),
+      free_events_(backend, device),
       reclaimer_([this] { return fence_pass(/*promote_large=*/!config_.ordered_fences); }) {
   granularity_ = backend_.granularity(device_);
   std::size_t free = 0, total = 0;
@@ -143,7 +144,7 @@ Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
   bool may_wait = (config_.ordered_fences || (stream != kAnyStream && config_.stream_miss_fence)) &&
                   may_wait_for_fence();
   for (int attempt = 0; attempt < 2; ++attempt) {
-    std::uint64_t wait = 0;  // the epoch to wait for, if the device path asks
+    FenceWait wait;  // what to wait for, if the device path asks
     {
       std::unique_lock<HybridLock> arena_lock;
       bool grow = false;  // take more memory: the arena's fitting blocks wait for one fence
@@ -196,9 +197,9 @@ Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
         note_peak();
         break;
       }
-      if (wait == 0 && (status != Status::out_of_memory || attempt == 1)) break;
+      if (wait.epoch == 0 && (status != Status::out_of_memory || attempt == 1)) break;
     }
-    if (wait != 0) {  // once per allocation, then it grows
+    if (wait.epoch != 0) {  // once per allocation, then it grows
       wait_for_reclaimer(wait);
       may_wait = false;
       --attempt;
@@ -214,7 +215,7 @@ Status DevicePool::allocate(std::size_t size, Stream stream, DevPtr* out,
 
 Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream stream, Block** out,
                                   Outcome* outcome, Arena* owner, bool grow,
-                                  std::uint64_t* wait_for_fence) noexcept {
+                                  FenceWait* wait_for_fence) noexcept {
   (void)size;
   auto cached = [&] {
     Block* b = take_cached(rounded, stream);
@@ -236,14 +237,23 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
   // GPU may still use it), so the live block would pin the handle's free rest while it lives:
   // fence first (or wait for the reclaimer's fence, as a stream-ordered miss does), and the cut
   // splits the handle.
+  //
+  // Before any fence, the event of the block's free (free_events.h) may say the device has run
+  // past it: then the block is free as a fence would make it, and nothing waits. Where it has not,
+  // stream_cut_wait off cuts at once (the live block pins the handle's rest).
+  Block* own = nullptr;
   if (std::uint64_t epoch = 0;
-      !grow && config_.stream_cut_fence && own_cut_pins(rounded, stream, &epoch)) {
-    if (config_.ordered_fences) {
+      !grow && config_.stream_cut_fence && own_cut_pins(rounded, stream, &epoch, &own)) {
+    // (Not with reclaim:ordered, whose decisions are inline mode's, whatever the device's pace.)
+    if (fence_locked_if_cheap() || (!config_.ordered_fences && free_if_device_ran_past(own))) {
+      // fenced: the cut below splits the handle
+    } else if (!config_.stream_cut_wait) {
+      // cut without waiting
+    } else if (config_.ordered_fences) {
       if (fence_step(wait_for_fence) == FenceStep::wait) return Status::out_of_memory;
-    } else if (fence_is_cheap(last_fence_ns_.load(std::memory_order_relaxed))) {
-      fence_locked();
     } else if (wait_for_fence != nullptr) {
-      *wait_for_fence = epoch;
+      wait_for_fence->epoch = epoch;
+      wait_for_fence->event = free_events_.event_of(own->stream, own->free_event);
       return Status::out_of_memory;
     }
   }
@@ -297,7 +307,7 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
       fence_locked();
       if (cached()) return Status::ok;
     } else if (wait_for_fence != nullptr) {
-      *wait_for_fence = fq_tail_->epoch;  // the newest free: a fence of it covers them all
+      wait_for_fence->epoch = fq_tail_->epoch;  // the newest free: a fence of it covers them all
       return Status::out_of_memory;
     }
   }
@@ -373,7 +383,8 @@ bool DevicePool::free_fit_is_smaller(const Block& own, std::size_t rounded) noex
   return any != heap_.free_blocks().end() && any->size < own.size;
 }
 
-bool DevicePool::own_cut_pins(std::size_t rounded, Stream stream, std::uint64_t* epoch) noexcept {
+bool DevicePool::own_cut_pins(std::size_t rounded, Stream stream, std::uint64_t* epoch,
+                              Block** own_out) noexcept {
   if (stream == kAnyStream || stream_free_.empty() || !heap_.made_coarse_handles()) return false;
   auto it = stream_free_.find(stream);
   if (it == stream_free_.end()) return false;
@@ -384,6 +395,32 @@ bool DevicePool::own_cut_pins(std::size_t rounded, Stream stream, std::uint64_t*
   if (own->size >= max_split) return false;  // used whole, or not at all
   if (rounded >= own->size || !heap_.pending_cut_pins(&*own, own->ptr + rounded)) return false;
   *epoch = own->epoch;
+  *own_out = &*own;
+  return true;
+}
+
+bool DevicePool::free_if_device_ran_past(Block* own) noexcept {
+  const std::uint64_t seq = own->free_event;
+  const Stream stream = own->stream;
+  if (seq == 0) return false;
+  if (!free_events_.completed(stream, seq)) {
+    ++stats_.cuts_event_running;
+    return false;
+  }
+  ++stats_.cuts_after_event;
+  // The stream's work runs in order: what it freed before this free is done with too.
+  auto it = stream_free_.find(stream);
+  if (it == stream_free_.end()) return false;  // cannot be: own is in its stream's set
+  FreeSet& set = it->second;
+  for (auto b = set.begin(); b != set.end();) {
+    Block* block = &*b;
+    ++b;  // make_free may merge block, never the set's other blocks (pending, not free)
+    if (block->free_event == 0 || block->free_event > seq) continue;
+    set.erase(set.iterator_to(*block));
+    fq_remove(block);
+    stats_.bytes_pending -= block->size;
+    make_free(block);
+  }
   return true;
 }
 
@@ -413,6 +450,7 @@ Block* DevicePool::take_from(LargeHeap& heap, FreeSet& set, std::size_t rounded,
   if (rest != nullptr) {
     if (pending) {
       // The remainder stays queued for its fence, right where b was, and reusable by the stream.
+      rest->free_event = b->free_event;
       fq_insert_after(b, rest);
       set.insert(*rest);
     } else {
@@ -497,7 +535,7 @@ bool DevicePool::free_device_block(DevPtr ptr, Stream stream, Outcome* outcome) 
   peak_.device_allocated.store(stats_.bytes_allocated, std::memory_order_relaxed);
   b->epoch = epoch_.load();
   b->stream = stream;
-  to_device_pending(b);
+  to_device_pending(b, /*at_free=*/true);
   return true;
 }
 

@@ -14,6 +14,7 @@
 
 #include "arena.h"
 #include "block_table.h"
+#include "free_events.h"
 #include "gpustitch/backend.h"
 #include "gpustitch/config.h"
 #include "gpustitch/pool.h"
@@ -82,19 +83,29 @@ class DevicePool final {
 
  private:
   using FreeSet = LargeHeap::FreeSet;
+  // What an allocation that leaves its locks waits for: the reclaimer's fence of `epoch`, or,
+  // sooner, the device running past the free of `event` (0: none), then it retries.
+  struct FenceWait {
+    std::uint64_t epoch = 0;  // 0: no wait
+    Event event = 0;
+  };
 
   // --- allocation paths (lock held) ---
   // owner: the calling thread's arena (its lock held) when the block will be registered there.
   // grow: skip fencing for memory that is about to come back (grow_rather_than_fence).
-  // *wait_for_fence (if given) set to a fence epoch, with out_of_memory: wait for the reclaimer's
-  // fence of that epoch without the locks (wait_for_reclaimer), then retry.
+  // *wait_for_fence (if given) set, with out_of_memory: wait for the reclaimer's fence of that
+  // epoch (or the event's completion) without the locks (wait_for_reclaimer), then retry.
   Status allocate_large(std::size_t size, std::size_t rounded, Stream stream, Block** out,
                         Outcome* outcome, Arena* owner = nullptr, bool grow = false,
-                        std::uint64_t* wait_for_fence = nullptr) noexcept;
+                        FenceWait* wait_for_fence = nullptr) noexcept;
   Block* take_cached(std::size_t rounded, Stream stream) noexcept;
   // Whether take_cached would cut the stream's own pending block inside a coarse handle
   // (stream_cut_fence); *epoch: the fence that would let the cut split it instead.
-  bool own_cut_pins(std::size_t rounded, Stream stream, std::uint64_t* epoch) noexcept;
+  // *own: that block.
+  bool own_cut_pins(std::size_t rounded, Stream stream, std::uint64_t* epoch, Block** own) noexcept;
+  // Where the event of own's free has completed: own, and every block its stream freed before it
+  // still pending, become free (as a fence would make them); returns whether it had.
+  bool free_if_device_ran_past(Block* own) noexcept;
   // Whether the fenced free set has a smaller fit for `rounded` than the stream's own block `own`
   // (then best fit takes from the free set).
   bool free_fit_is_smaller(const Block& own, std::size_t rounded) noexcept;
@@ -145,15 +156,17 @@ class DevicePool final {
   // reclaimer's fences); wait: with reclaim:ordered, *wait_for_fence is set and the caller waits
   // for that fence without the locks (wait_for_reclaimer), then retries; none: nothing done here.
   enum class FenceStep : std::uint8_t { none, fenced, wait };
-  FenceStep fence_step(std::uint64_t* wait_for_fence) noexcept;
+  FenceStep fence_step(FenceWait* wait_for_fence) noexcept;
   void promote(std::uint64_t epoch) noexcept;
-  // No lock held: waits, for kMaxFenceWait at most, until a completed fence covers `epoch`,
-  // then promotes what the fences covered.
-  void wait_for_reclaimer(std::uint64_t epoch) noexcept;
+  // No lock held: waits, for kMaxFenceWait at most, until a completed fence covers wait.epoch
+  // (or wait.event has completed), then promotes what the fences covered.
+  void wait_for_reclaimer(const FenceWait& wait) noexcept;
   // False from a wait that ran out until its fence completes: no allocation waits meanwhile.
   bool may_wait_for_fence() const noexcept;
   void note_fence_completed(std::uint64_t epoch) noexcept;  // any lock: wakes the waiters
   static constexpr std::chrono::milliseconds kMaxFenceWait{200};
+  // How often a wait with an event asks it (about a microsecond a query on the GPU).
+  static constexpr std::chrono::microseconds kEventPoll{50};
   std::size_t trim_locked(std::size_t keep, Outcome* outcome) noexcept;
   std::size_t release_one_locked(std::size_t wanted) noexcept;
   bool release_wanted_locked() const noexcept;  // idle cached memory above release_threshold
@@ -189,8 +202,10 @@ class DevicePool final {
   bool fence_is_cheap(std::uint64_t last_fence_ns) const noexcept;
   // a's lock and the device lock held: LargeCache::take_for_device into the fence queue.
   std::size_t unpark_to_device(Arena& a, Stream stream, std::size_t rounded) noexcept;
-  void park(Arena& a, Block* b) noexcept;     // a's lock held
-  void to_device_pending(Block* b) noexcept;  // device lock and b's arena lock (if any) held
+  void park(Arena& a, Block* b) noexcept;  // a's lock held
+  // Device lock and b's arena lock (if any) held. at_free: called on the freeing thread at the
+  // free, where the free's event is recorded (free_events.h).
+  void to_device_pending(Block* b, bool at_free = false) noexcept;
   // b, pending on its stream, absorbs its neighbours pending on the same stream (out of `set`
   // and the fence queue) and its fenced free ones (out of the heap's free set); returns the
   // merged block, in neither.
@@ -250,7 +265,8 @@ class DevicePool final {
   // Per stream, its pending blocks; an emptied set is kept for the stream's next free (trim
   // drops the empty ones).
   std::pmr::unordered_map<Stream, FreeSet> stream_free_{&node_pool_};
-  BlockTable live_;  // large blocks allocated outside the arenas
+  FreeEvents free_events_;  // events of stream-ordered frees (stream_cut_fence)
+  BlockTable live_;         // large blocks allocated outside the arenas
   // The largest free block (fenced, anyone's), readable without mu_: an arena whose fitting
   // parked block still waits for a fence asks the device pool first when it may have one.
   std::atomic<std::size_t> largest_free_{0};

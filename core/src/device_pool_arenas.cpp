@@ -119,7 +119,7 @@ bool DevicePool::free_in_arena_locked(Arena& a, DevPtr ptr, Stream stream,
       park(a, b);
     } else {
       std::lock_guard lock(mu_);
-      to_device_pending(b);
+      to_device_pending(b, /*at_free=*/true);
     }
     return true;
   }
@@ -236,11 +236,18 @@ void DevicePool::park(Arena& a, Block* b) noexcept {
 // A block leaving an arena (unparked, or freed where it cannot be parked) joins the fence queue
 // with the epoch of its free, and its stream's pending set: reusable by that stream at once, by any
 // once fenced, and splittable and stitchable like any pending block.
-void DevicePool::to_device_pending(Block* b) noexcept {
+void DevicePool::to_device_pending(Block* b, bool at_free) noexcept {
   b->arena_owned = false;
   heap_.note_dead(b);
   b->state = BlockState::pending;
   stats_.bytes_pending += b->size;
+  // A stream-ordered free records its event only where a cut could pin a large handle (the heap
+  // made one); a block parked first has none (recorded later, on another thread, it would not
+  // mark the free).
+  b->free_event =
+      at_free && b->stream != kAnyStream && config_.stream_cut_fence && heap_.made_coarse_handles()
+          ? free_events_.record(b->stream)
+          : 0;
   if (b->stream == kAnyStream) {
     fq_push(b);
     return;
@@ -282,6 +289,7 @@ Block* DevicePool::merge_stream_pending(FreeSet& set, Block* b) noexcept {
     set.erase(set.iterator_to(*p));
     fq_remove(p);
     p->epoch = std::max(p->epoch, b->epoch);
+    p->free_event = FreeEvents::later(p->free_event, b->free_event);
     heap_.absorb_next(p);
     b = p;
   } else if (fenced_free(p)) {
@@ -290,6 +298,7 @@ Block* DevicePool::merge_stream_pending(FreeSet& set, Block* b) noexcept {
     p->state = BlockState::pending;
     p->stream = b->stream;
     p->epoch = b->epoch;
+    p->free_event = b->free_event;  // fenced: only b's free is still running
     heap_.absorb_next(p);
     b = p;
     took_free = true;
@@ -298,6 +307,7 @@ Block* DevicePool::merge_stream_pending(FreeSet& set, Block* b) noexcept {
     set.erase(set.iterator_to(*n));
     fq_remove(n);
     b->epoch = std::max(b->epoch, n->epoch);
+    b->free_event = FreeEvents::later(b->free_event, n->free_event);
     heap_.absorb_next(b);
   } else if (fenced_free(n)) {
     heap_.free_blocks().erase(heap_.free_blocks().iterator_to(*n));

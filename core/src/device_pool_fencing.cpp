@@ -70,12 +70,12 @@ bool DevicePool::has_unfenced() const noexcept {
 // the fence of the newest free, and retries. Where it may not wait (once per allocation, and not
 // after a wait ran out until that fence completes), what is covered becomes free and the rest
 // waits, as in the default mode.
-DevicePool::FenceStep DevicePool::fence_step(std::uint64_t* wait_for_fence) noexcept {
+DevicePool::FenceStep DevicePool::fence_step(FenceWait* wait_for_fence) noexcept {
   if (fence_locked_if_cheap()) return FenceStep::fenced;
   if (fq_head_ == nullptr || !config_.ordered_fences) return FenceStep::none;
   const std::uint64_t done = completed_epoch_.load(std::memory_order_acquire);
   if (done < fq_tail_->epoch && wait_for_fence != nullptr) {
-    *wait_for_fence = fq_tail_->epoch;
+    wait_for_fence->epoch = fq_tail_->epoch;
     return FenceStep::wait;
   }
   const bool all = done >= fq_tail_->epoch;
@@ -101,7 +101,7 @@ bool DevicePool::may_wait_for_fence() const noexcept {
          completed_epoch_.load(std::memory_order_acquire);
 }
 
-void DevicePool::wait_for_reclaimer(std::uint64_t epoch) noexcept {
+void DevicePool::wait_for_reclaimer(const FenceWait& wait) noexcept {
   // The wait ends when the fence completes or after kMaxFenceWait, after which the allocation
   // takes fresh memory as it would have: never a hang, whatever the program's streams wait for.
   // A wait that ran out means the device may be waiting for the host (a stream waiting on a
@@ -111,16 +111,41 @@ void DevicePool::wait_for_reclaimer(std::uint64_t epoch) noexcept {
   // The bound is long because a training step's queue is: the first form (an unbounded fence)
   // held HF Llama training at 1.02x of live bytes on the H200; bounded at 1-20 ms it held
   // 1.02-1.11x from run to run, as waits ran out behind long queues.
+  //
+  // With an event (a stream's cut waiting for its own free: free_events.h) the wait also ends as
+  // soon as the device has run past that free, which is sooner than a fence of everything queued
+  // up to now: it is polled every kEventPoll, outside every lock. Only a hint (the event may have
+  // been recorded again since): the retry asks again under the device lock.
+  const std::uint64_t epoch = wait.epoch;
   reclaimer_.kick();
   const std::uint64_t start = monotonic_ns();
-  bool done;
+  auto fenced = [&] { return completed_epoch_.load(std::memory_order_acquire) >= epoch; };
+  bool done = false;
   {
     std::unique_lock lock(fence_wait_mu_);
     fence_waiters_.fetch_add(1, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    done = fence_cv_.wait_for(lock, kMaxFenceWait, [&] {
-      return completed_epoch_.load(std::memory_order_acquire) >= epoch;
-    });
+    if (wait.event == 0) {
+      done = fence_cv_.wait_for(lock, kMaxFenceWait, fenced);
+    } else {
+      const auto deadline = std::chrono::steady_clock::now() + kMaxFenceWait;
+      for (;;) {
+        if (fenced()) {
+          done = true;
+          break;
+        }
+        lock.unlock();
+        bool ran_past = false;
+        ran_past = backend_.query_event(wait.event, &ran_past) == Status::ok && ran_past;
+        lock.lock();
+        if (ran_past) {
+          done = true;
+          break;
+        }
+        if (std::chrono::steady_clock::now() >= deadline) break;
+        fence_cv_.wait_for(lock, kEventPoll, fenced);
+      }
+    }
     fence_waiters_.fetch_sub(1, std::memory_order_relaxed);
   }
   if (!done) atomic_max(waits_given_up_until_, epoch);

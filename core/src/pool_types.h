@@ -65,6 +65,8 @@ struct Block {
   // parked: its arena's fence count at its free (Arena::fences_started), so that a fence the
   // arena ran itself after the free also covers it (large_cache.h).
   std::uint64_t arena_fence = 0;
+  // pending on a stream: the event of its free (FreeEvents' sequence number; 0: none recorded).
+  std::uint64_t free_event = 0;
   Block* fq_prev = nullptr;
   Block* fq_next = nullptr;
 

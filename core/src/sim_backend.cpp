@@ -127,6 +127,12 @@ struct SimBackend::State {
   std::uint64_t identity = 0;  // distinguishes this backend's devices from any other's (UUIDs)
   std::condition_variable device_cv;
   bool device_held = false;
+  // Holds so far: an event recorded during hold n has completed once that hold ended (the device
+  // ran past it), even while a later hold keeps synchronize() blocking.
+  std::uint64_t holds = 0;
+  std::unordered_map<Event, std::uint64_t>
+      events;  // event -> the hold it was recorded in (0: none)
+  Event next_event = 1;
   std::vector<std::size_t> used;
   std::vector<std::size_t> external;
   std::unordered_map<PhysHandle, HandleInfo> handles;
@@ -322,6 +328,7 @@ void SimBackend::set_external_usage(int device, std::size_t bytes) noexcept {
 void SimBackend::hold_device(bool held) noexcept {
   {
     std::lock_guard lock(state_->mu);
+    if (held && !state_->device_held) ++state_->holds;
     state_->device_held = held;
     state_->update_sync_slow();
   }
@@ -630,6 +637,45 @@ Status SimBackend::synchronize(int device) noexcept {
   if (fault != Status::ok) return fault;
   state_->device_cv.wait(lock, [&] { return !state_->device_held; });
   return Status::ok;
+}
+
+Status SimBackend::create_event(int device, Event* out) noexcept {
+  if (device < 0 || device >= options_.devices) return Status::invalid_device;
+  std::lock_guard lock(state_->mu);
+  try {
+    const Event e = state_->next_event++;
+    state_->events.emplace(e, 0);
+    *out = e;
+  } catch (...) {
+    return Status::out_of_memory;
+  }
+  return Status::ok;
+}
+
+Status SimBackend::destroy_event(Event event) noexcept {
+  std::lock_guard lock(state_->mu);
+  return state_->events.erase(event) != 0 ? Status::ok : Status::invalid_value;
+}
+
+Status SimBackend::record_event(Event event, Stream) noexcept {
+  std::lock_guard lock(state_->mu);
+  auto it = state_->events.find(event);
+  if (it == state_->events.end()) return Status::invalid_value;
+  it->second = state_->device_held ? state_->holds : 0;
+  return Status::ok;
+}
+
+Status SimBackend::query_event(Event event, bool* done) noexcept {
+  std::lock_guard lock(state_->mu);
+  auto it = state_->events.find(event);
+  if (it == state_->events.end()) return Status::invalid_value;
+  *done = it->second == 0 || !state_->device_held || state_->holds > it->second;
+  return Status::ok;
+}
+
+std::size_t SimBackend::live_events() const noexcept {
+  std::lock_guard lock(state_->mu);
+  return state_->events.size();
 }
 
 std::size_t SimBackend::used(int device) const noexcept {

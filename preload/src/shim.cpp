@@ -75,15 +75,15 @@ void print_summary() noexcept {
           "summary device {}: allocs {}, cache hits {}, fresh {}, stitches {}, OOMs {}, peak "
           "reserved {} (then {} allocated, {} waiting for the device), driver calls {} ({:.1f} "
           "ms; {} of them, {:.1f} ms, on the background thread), waits for the device {} "
-          "({:.1f} ms; {} for the background thread's fence, {:.1f} ms, {} ran out), passed "
-          "through {} (backend {})",
+          "({:.1f} ms; {} for the background thread's fence, {:.1f} ms, {} ran out), stream cuts "
+          "split after their free's event {} (still running {}), passed through {} (backend {})",
           d, s.allocs, s.cache_hits, s.fresh, s.stitches, s.ooms, human_bytes(s.peak_reserved),
           human_bytes(s.peak_reserved_allocated), human_bytes(s.peak_reserved_pending),
           s.driver_calls, static_cast<double>(s.driver_ns) / 1e6, s.driver_background_calls,
           static_cast<double>(s.driver_background_ns) / 1e6, s.fence_syncs + s.fence_waits,
           static_cast<double>(s.fence_sync_ns + s.fence_wait_ns) / 1e6, s.fence_waits,
-          static_cast<double>(s.fence_wait_ns) / 1e6, s.fence_waits_timed_out, passed,
-          pool->backend().name());
+          static_cast<double>(s.fence_wait_ns) / 1e6, s.fence_waits_timed_out, s.cuts_after_event,
+          s.cuts_event_running, passed, pool->backend().name());
       if (info) {
         lg.info("{}", line);
       } else {
@@ -356,7 +356,8 @@ Stream stream_key(cuda::CUstream stream, bool per_thread) noexcept {
   // kAnyStream (~0) for any realistic thread count.
   static std::atomic<std::uintptr_t> next_thread{1};
   thread_local std::uintptr_t key = 0;
-  if (key == 0) key = (next_thread.fetch_add(1, std::memory_order_relaxed) << 4) | 0x3;
+  if (key == 0)
+    key = (next_thread.fetch_add(1, std::memory_order_relaxed) << 4) | kPerThreadStreamTag;
   return key;
 }
 

@@ -154,6 +154,7 @@ TEST(Config, OnByDefaultSwitches) {
   const std::pair<const char*, bool Config::*> switches[] = {
       {"driver_pool_release", &Config::driver_pool_release},
       {"stream_cut_fence", &Config::stream_cut_fence},
+      {"stream_cut_wait", &Config::stream_cut_wait},
   };
   for (const auto& [key, member] : switches) {
     SCOPED_TRACE(key);

@@ -38,6 +38,12 @@ struct FakeDriver {
   std::vector<CUmemAccessDesc> last_access;
   std::uint64_t next_handle = 1;
   CUdeviceptr next_va = 0x7f0000000000ull;
+  // Events: the context each was created in, the stream of the last record, query answers.
+  bool events = true;  // whether the event entry points resolve
+  std::map<CUevent, CUcontext> event_ctx;
+  std::uintptr_t next_event = 0x5000;
+  CUstream last_record_stream = nullptr;
+  CUresult query_result = CUDA_SUCCESS;
 };
 FakeDriver fake;
 thread_local std::vector<CUcontext> ctx_stack;
@@ -150,6 +156,24 @@ CUresult f_set_access(CUdeviceptr, std::size_t, const CUmemAccessDesc* d, std::s
   return take_error();
 }
 
+CUresult f_event_create(CUevent* e, unsigned flags) {
+  if (flags != CU_EVENT_DISABLE_TIMING) return CUDA_ERROR_INVALID_VALUE;
+  *e = reinterpret_cast<CUevent>(fake.next_event += 0x10);
+  fake.event_ctx[*e] = current();
+  return CUDA_SUCCESS;
+}
+CUresult f_event_destroy(CUevent e) {
+  return fake.event_ctx.erase(e) != 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+CUresult f_event_record(CUevent e, CUstream s) {
+  if (fake.event_ctx.count(e) == 0) return CUDA_ERROR_INVALID_HANDLE;
+  fake.last_record_stream = s;
+  return take_error();
+}
+CUresult f_event_query(CUevent e) {
+  return fake.event_ctx.count(e) == 0 ? CUDA_ERROR_INVALID_HANDLE : fake.query_result;
+}
+
 void* resolve(const char* name, void*) {
   static const std::map<std::string, void*> table = {
       {"cuInit", (void*)&f_init},
@@ -172,7 +196,12 @@ void* resolve(const char* name, void*) {
       {"cuMemMap", (void*)&f_map},
       {"cuMemUnmap", (void*)&f_unmap},
       {"cuMemSetAccess", (void*)&f_set_access},
+      {"cuEventCreate", (void*)&f_event_create},
+      {"cuEventDestroy", (void*)&f_event_destroy},
+      {"cuEventRecord", (void*)&f_event_record},
+      {"cuEventQuery", (void*)&f_event_query},
   };
+  if (!fake.events && std::strncmp(name, "cuEvent", 7) == 0) return nullptr;
   auto it = table.find(name);
   return it == table.end() ? nullptr : it->second;
 }
@@ -366,3 +395,45 @@ TEST_F(CudaBackendFakeDriver, DriverErrorsMapToStatus) {
 }
 
 }  // namespace
+
+// The events of stream-ordered frees (core/src/free_events.h): created in the device's primary
+// context without timing, recorded on the stream the free named (a per-thread key on the
+// calling thread's per-thread stream, 0 on the legacy one), "not ready" an answer and not an
+// error, and without the entry points (an old driver) not_supported, so that the pool fences.
+TEST_F(CudaBackendFakeDriver, EventsAreRecordedOnTheFreesStreamAndQueriedWithoutWaiting) {
+  auto be = load();
+  ASSERT_NE(be, nullptr);
+  gpustitch::Event e = 0;
+  ASSERT_EQ(be->create_event(1, &e), Status::ok);
+  EXPECT_EQ(fake.event_ctx[reinterpret_cast<CUevent>(e)], primary_of(1));
+  EXPECT_TRUE(ctx_stack.empty());
+  EXPECT_EQ(be->create_event(2, &e), Status::invalid_device);
+
+  const gpustitch::Stream user_stream = 0x7e5000;
+  ASSERT_EQ(be->record_event(e, user_stream), Status::ok);
+  EXPECT_EQ(fake.last_record_stream, reinterpret_cast<CUstream>(user_stream));
+  ASSERT_EQ(be->record_event(e, (std::uintptr_t{41} << 4) | gpustitch::kPerThreadStreamTag),
+            Status::ok);
+  EXPECT_EQ(fake.last_record_stream, CU_STREAM_PER_THREAD);
+  ASSERT_EQ(be->record_event(e, 0), Status::ok);
+  EXPECT_EQ(fake.last_record_stream, CU_STREAM_LEGACY);
+  fake.next_error = CUDA_ERROR_INVALID_HANDLE;  // a stream of another context
+  EXPECT_NE(be->record_event(e, user_stream), Status::ok);
+
+  bool done = false;
+  EXPECT_EQ(be->query_event(e, &done), Status::ok);
+  EXPECT_TRUE(done);
+  fake.query_result = CUDA_ERROR_NOT_READY;
+  EXPECT_EQ(be->query_event(e, &done), Status::ok);
+  EXPECT_FALSE(done);
+  fake.query_result = CUDA_ERROR_LAUNCH_FAILED;
+  EXPECT_NE(be->query_event(e, &done), Status::ok);
+  EXPECT_FALSE(done);
+  EXPECT_EQ(be->destroy_event(e), Status::ok);
+  EXPECT_TRUE(fake.event_ctx.empty());
+
+  fake.events = false;
+  auto old = load();
+  ASSERT_NE(old, nullptr) << "events are optional";
+  EXPECT_EQ(old->create_event(0, &e), Status::not_supported);
+}

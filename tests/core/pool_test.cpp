@@ -1067,6 +1067,127 @@ TEST(Pool, StreamCutInsideALargeHandleWaitsForItsFenceAndSplitsIt) {
   }
 }
 
+// The device is still busy (later work), but it has run past the stream's free: the event
+// recorded at the free says so, and the cut splits the handle with no fence and no wait. The
+// device's fences fail here, so nothing but the event can free the block.
+TEST(Pool, StreamCutSplitsWithoutAFenceOnceTheDeviceRanPastTheFree) {
+  TestDevice dev = make_test_device();
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
+  Pool pool(*dev.backend, Config{});
+  const Stream s = 0x3000, other = 0x4000;
+  DevPtr big = 0, elsewhere = 0, small = 0;
+  ASSERT_EQ(pool.allocate(0, 512 * MiB, s, &big), Status::ok);
+  ASSERT_EQ(pool.allocate(0, 512 * MiB, other, &elsewhere), Status::ok);
+  stamp(dev, big, 512 * MiB, 31);
+  dev.sim->fail_always(SimOp::synchronize, true, Status::error);
+  dev.sim->hold_device(true);  // the kernels using both blocks still run
+  ASSERT_EQ(pool.deallocate(elsewhere, other), Status::ok);
+  ASSERT_EQ(pool.deallocate(big, s), Status::ok);
+  dev.sim->hold_device(false);
+  dev.sim->hold_device(true);  // later work: the device is busy, past both frees
+  const DeviceStats before = pool.stats(0);
+  ASSERT_EQ(pool.allocate(0, 64 * MiB, s, &small), Status::ok);
+  const DeviceStats after = pool.stats(0);
+  EXPECT_EQ(small, big) << "not cut from the stream's own block";
+  EXPECT_EQ(after.cuts_after_event - before.cuts_after_event, 1u);
+  EXPECT_EQ(after.fence_waits, before.fence_waits) << "waited for the device";
+  EXPECT_EQ(after.fence_syncs, before.fence_syncs) << "fenced the device";
+  EXPECT_EQ(after.bytes_pending, 512 * MiB) << "only the stream's own frees are known done";
+  stamp(dev, small, 64 * MiB, 32);
+  pool.trim(0);
+  EXPECT_EQ(pool.stats(0).bytes_reserved, 64 * MiB + 512 * MiB)
+      << "the cut did not split the handle: the live block pins its rest";
+  EXPECT_TRUE(check(dev, small, 64 * MiB, 32));
+  EXPECT_EQ(pool.validate(0), "");
+  dev.sim->hold_device(false);
+  dev.sim->fail_always(SimOp::synchronize, false);
+  ASSERT_EQ(pool.deallocate(small, s), Status::ok);
+}
+
+// A cut that must wait (the free still runs) waits for the device to run past the free, not for
+// a fence of everything queued since: here no fence can complete at all, and the wait ends, well
+// inside its bound, when the free's work is done while later work still runs.
+TEST(Pool, StreamCutWaitEndsWhenTheDeviceRunsPastTheFree) {
+  TestDevice dev = make_test_device();
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
+  Pool pool(*dev.backend, Config{});
+  const Stream s = 0x3000;
+  DevPtr big = 0, small = 0;
+  ASSERT_EQ(pool.allocate(0, 512 * MiB, s, &big), Status::ok);
+  dev.sim->fail_always(SimOp::synchronize, true, Status::error);
+  dev.sim->hold_device(true);
+  ASSERT_EQ(pool.deallocate(big, s), Status::ok);
+  std::atomic<bool> ran_past{false};
+  std::thread device([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    ran_past = true;
+    dev.sim->hold_device(false);
+    dev.sim->hold_device(true);  // later work
+  });
+  const DeviceStats before = pool.stats(0);
+  ASSERT_EQ(pool.allocate(0, 64 * MiB, s, &small), Status::ok);
+  const DeviceStats after = pool.stats(0);
+  device.join();
+  EXPECT_TRUE(ran_past) << "split a handle the device might still use";
+  EXPECT_EQ(small, big);
+  EXPECT_EQ(after.fence_waits - before.fence_waits, 1u);
+  EXPECT_EQ(after.fence_waits_timed_out, before.fence_waits_timed_out) << "waited for a fence";
+  EXPECT_EQ(after.cuts_after_event - before.cuts_after_event, 1u);
+  pool.trim(0);
+  EXPECT_EQ(pool.stats(0).bytes_reserved, 64 * MiB) << "the cut did not split the handle";
+  EXPECT_EQ(pool.validate(0), "");
+  dev.sim->hold_device(false);
+  dev.sim->fail_always(SimOp::synchronize, false);
+  ASSERT_EQ(pool.deallocate(small, s), Status::ok);
+}
+
+// stream_cut_wait:off: where the free's event has not completed, the cut is made at once, and
+// the live block pins the handle's free rest, rather than the allocation waiting for the device.
+TEST(Pool, StreamCutWithoutWaitingPinsWhileTheDeviceRuns) {
+  for (bool wait : {false, true}) {
+    SCOPED_TRACE(wait ? "stream_cut_wait:on" : "stream_cut_wait:off");
+    SimOptions slow_fences;  // a busy device: no fence is cheap
+    slow_fences.call_ns[static_cast<std::size_t>(SimOp::synchronize)] = 10'000'000;
+    TestDevice dev = make_test_device(slow_fences);
+    if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
+    Config c;
+    c.stream_cut_wait = wait;
+    Pool pool(*dev.backend, c);
+    const Stream s = 0x3000;
+    DevPtr big = 0, small = 0;
+    ASSERT_EQ(pool.allocate(0, 512 * MiB, s, &big), Status::ok);
+    dev.sim->hold_device(true);
+    ASSERT_EQ(pool.deallocate(big, s), Status::ok);
+    // With the wait, the device finishes 30 ms on; without, only after the allocation returned
+    // (a wait would run out after 200 ms, and count).
+    std::atomic<bool> released{false};
+    std::thread device([&] {
+      if (!wait) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      released = true;
+      dev.sim->hold_device(false);
+    });
+    const DeviceStats before = pool.stats(0);
+    ASSERT_EQ(pool.allocate(0, 64 * MiB, s, &small), Status::ok);
+    const DeviceStats after = pool.stats(0);
+    device.join();
+    dev.sim->hold_device(false);
+    EXPECT_EQ(small, big);
+    EXPECT_EQ(after.cuts_event_running - before.cuts_event_running, 1u);
+    if (wait) {
+      EXPECT_TRUE(released) << "split a handle the device might still use";
+      EXPECT_EQ(after.fence_waits - before.fence_waits, 1u);
+    } else {
+      EXPECT_EQ(after.fence_waits, before.fence_waits) << "waited for the device";
+      EXPECT_EQ(after.fence_syncs, before.fence_syncs) << "fenced the device";
+    }
+    pool.trim(0);
+    EXPECT_EQ(pool.stats(0).bytes_reserved, wait ? 64 * MiB : 256 * MiB);
+    EXPECT_EQ(pool.validate(0), "");
+    ASSERT_EQ(pool.deallocate(small, s), Status::ok);
+  }
+}
+
 // reclaim:ordered: the reclaimer thread waits for the device, but freed large blocks become free
 // only where inline mode fences, so a program's calls get inline's answers (and replay's figures)
 // whenever the device's fences take, here 2 ms each, which no allocation waits for under the lock.

@@ -73,13 +73,14 @@ run_one() {  # config workload round
       fi
       ;;
   esac
-  local json
+  local json summary
   json=$(grep '^{' <<<"$line" | tail -1)
+  summary=$(grep -o 'summary device 0:.*' <<<"$line" | tail -1)  # the shim's, at exit
   # No result: the run's last line of output says why (a traceback's last line).
   [[ -n $json ]] || json=$(python3 -c 'import json,sys; print(json.dumps({"error": "no result: " + sys.argv[1][-300:]}))' "$(tail -1 <<<"$line")")
   line=$json
-  python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d.update(config=sys.argv[2], workload=sys.argv[3], round=int(sys.argv[4]), gpustitch_conf=sys.argv[5], torch_conf=sys.argv[6]); print(json.dumps(d), flush=True)' \
-    "$line" "$name" "$wl" "$round" "$conf" "$torch"
+  python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d.update(config=sys.argv[2], workload=sys.argv[3], round=int(sys.argv[4]), gpustitch_conf=sys.argv[5], torch_conf=sys.argv[6]); d.update({"shim_summary": sys.argv[7]} if sys.argv[7] else {}); print(json.dumps(d), flush=True)' \
+    "$line" "$name" "$wl" "$round" "$conf" "$torch" "$summary"
 }
 
 for ((r = 0; r < ROUNDS; ++r)); do

@@ -104,6 +104,33 @@ class Backend {
   // Block until all work queued on the device before the call has completed. Called only off the
   // allocation fast path (the reclaimer thread, or an allocation that would otherwise fail).
   virtual Status synchronize(int device) noexcept = 0;
+
+  // Events: a mark in one stream's work, recorded where a stream-ordered free happens and asked,
+  // never waited for, whether the device has run past it (cuEventRecord, cuEventQuery). An event
+  // is created once per device and recorded again and again. record_event runs on the freeing
+  // thread: a per-thread stream key (is_per_thread_stream) is that thread's per-thread stream.
+  // Backends without events report not_supported and the pool fences instead.
+  virtual Status create_event(int device, Event* out) noexcept {
+    (void)device;
+    (void)out;
+    return Status::not_supported;
+  }
+  virtual Status destroy_event(Event event) noexcept {
+    (void)event;
+    return Status::not_supported;
+  }
+  virtual Status record_event(Event event, Stream stream) noexcept {
+    (void)event;
+    (void)stream;
+    return Status::not_supported;
+  }
+  // *done: whether the work before the event's last record has completed. Anything but ok
+  // means "unknown": the caller treats the work as still running.
+  virtual Status query_event(Event event, bool* done) noexcept {
+    (void)event;
+    (void)done;
+    return Status::not_supported;
+  }
 };
 
 }  // namespace gpustitch

@@ -123,6 +123,12 @@ struct Config {
   // 1.025-1.033x, and cost 3-30% of tokens/s in fence waits and splits (README, "On the GPU"):
   // on, since memory is what the pool is for; off for programs whose limit is speed.
   bool stream_cut_fence = true;  // stream_cut_fence:on|off
+  // Before that fence, the cut asks the event recorded at the block's free (free_events.h)
+  // whether the device has run past it: if so the block is as good as fenced and the cut splits
+  // the handle with no fence at all. Where it has not, this decides: wait as above (on), or cut
+  // at once and let the live block pin the handle's free rest (off: no stream-ordered cut ever
+  // waits for the device).
+  bool stream_cut_wait = true;  // stream_cut_wait:on|off
   // Large blocks freed on a stream (cudaFreeAsync) are kept, up to this many bytes (and 32
   // blocks) per thread arena, for the same stream to reuse without the device lock. 0 = off, the
   // default: parked blocks merge with nothing, and in replay of the training traces the cache

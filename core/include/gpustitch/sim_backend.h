@@ -83,6 +83,11 @@ class SimBackend final : public Backend {
   Status unmap(DevPtr ptr, std::size_t size) noexcept override;
   Status set_access(DevPtr ptr, std::size_t size, std::span<const int> devices) noexcept override;
   Status synchronize(int device) noexcept override;
+  // Events complete with the hold_device() they were recorded in (at once outside one).
+  Status create_event(int device, Event* out) noexcept override;
+  Status destroy_event(Event event) noexcept override;
+  Status record_event(Event event, Stream stream) noexcept override;
+  Status query_event(Event event, bool* done) noexcept override;
   // Export: a dup of the handle's memfd. Import: a dup of the received one, not counted in the
   // device's capacity (the exporting backend counts it).
   Status export_handle(PhysHandle handle, int* fd) noexcept override;
@@ -96,7 +101,9 @@ class SimBackend final : public Backend {
   std::uint64_t calls(SimOp op) const noexcept;
   // Memory used by someone else (another process): reduces what create() can get.
   void set_external_usage(int device, std::size_t bytes) noexcept;
-  // While held, synchronize() blocks: models device work still running after a free.
+  // While held, synchronize() blocks: models device work still running after a free. Events
+  // recorded while held complete when this hold ends, even if another begins at once (the device
+  // ran past them, and is busy with later work).
   void hold_device(bool held) noexcept;
 
   // Whether shared_name was given and the shared object could be opened (else the device is
@@ -110,6 +117,7 @@ class SimBackend final : public Backend {
   std::size_t live_handles() const noexcept;
   std::size_t live_reservations() const noexcept;
   std::size_t live_mappings() const noexcept;
+  std::size_t live_events() const noexcept;
 
  private:
   struct State;

@@ -84,6 +84,10 @@ struct DeviceStats {
   std::uint64_t fence_waits = 0;
   std::uint64_t fence_wait_ns = 0;
   std::uint64_t fence_waits_timed_out = 0;
+  // Stream-ordered cuts that would pin a large handle (stream_cut_fence): those the event of the
+  // block's free let split the handle with no fence, and those it found still running.
+  std::uint64_t cuts_after_event = 0;
+  std::uint64_t cuts_event_running = 0;
   std::uint64_t hist_allocs[kHistogramBuckets] = {};  // allocations since start, by size
   std::uint64_t hist_live[kHistogramBuckets] = {};    // live allocations now, by size
 

@@ -14,6 +14,9 @@ using DevPtr = std::uintptr_t;
 // simulated backend).
 using PhysHandle = std::uint64_t;
 
+// An opaque event handle (CUevent on CUDA, an index on the simulated backend).
+using Event = std::uint64_t;
+
 // Identity of a CUDA stream (the CUstream value). Only compared, never dereferenced.
 using Stream = std::uintptr_t;
 
@@ -21,6 +24,15 @@ using Stream = std::uintptr_t;
 // it is reusable only after a device-wide fence. Allocations with it (cudaMalloc) may be used by
 // any stream, so they take only fenced memory.
 inline constexpr Stream kAnyStream = ~Stream{0};
+
+// A thread's per-thread default stream (cudaStreamPerThread) is one CUstream value for every
+// thread, so the preload shim gives each thread's its own key: odd, with these low four bits (a
+// CUstream handle is an aligned pointer or 0, 1, 2). A backend acting on such a key (record_event)
+// acts on the calling thread's per-thread stream.
+inline constexpr Stream kPerThreadStreamTag = 0x3;
+inline constexpr bool is_per_thread_stream(Stream s) noexcept {
+  return s != kAnyStream && (s & 0xF) == kPerThreadStreamTag;
+}
 
 enum class Status : int {
   ok = 0,
