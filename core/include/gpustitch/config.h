@@ -115,19 +115,19 @@ struct Config {
   // 13.51-13.56 GB (1.02x of live bytes) against 15.0-16.0 GB off (a 1-20 ms bound: 13.45-14.64).
   bool stream_miss_fence = true;  // stream_miss_fence:on|off
   // A stream-ordered allocation whose best fit is a cut out of the stream's own memory still
-  // waiting for its fence, with the cut inside a large handle (fresh_coarse_mb), fences first (as
-  // stream_miss_fence waits), so that the cut may split the handle instead of the live block
-  // pinning its free rest for as long as it lives. It waits only where stream_miss_fence may
-  // (otherwise it fences only where fences are cheap: reclaim:inline, or an idle device). On an
-  // H100 it held HF Llama training at 1.017-1.018x of PyTorch's peak allocated against
-  // 1.025-1.033x, and cost 3-30% of tokens/s in fence waits and splits (README, "On the GPU"):
-  // on, since memory is what the pool is for; off for programs whose limit is speed.
+  // waiting for its fence, with the cut inside a large handle (fresh_coarse_mb), first makes sure
+  // the device is done with that memory, so that the cut may split the handle instead of the
+  // live block pinning its free rest for as long as it lives: it asks the event recorded at the
+  // block's free (free_events.h; no wait), else fences where fences are cheap (reclaim:inline,
+  // an idle device), else waits as stream_cut_wait says. On an H100 it held HF Llama training at
+  // 1.017x of PyTorch's peak allocated against 1.028x (README, "On the GPU").
   bool stream_cut_fence = true;  // stream_cut_fence:on|off
-  // Before that fence, the cut asks the event recorded at the block's free (free_events.h)
-  // whether the device has run past it: if so the block is as good as fenced and the cut splits
-  // the handle with no fence at all. Where it has not, this decides: wait as above (on), or cut
-  // at once and let the live block pin the handle's free rest (off: no stream-ordered cut ever
-  // waits for the device).
+  // Where the free's event says the device still runs it: wait (outside the locks, until that
+  // event completes or the reclaimer's fence covers it, 200 ms at most, and only where
+  // stream_miss_fence may wait), or cut at once and let the live block pin the handle's free rest
+  // (off: no stream-ordered cut ever waits for the device). On an H100 off gave 2-9% more
+  // tokens/s for 1.019-1.024x of PyTorch's peak allocated instead of 1.015-1.019x: on, since
+  // memory is what the pool is for; off for programs whose limit is speed.
   bool stream_cut_wait = true;  // stream_cut_wait:on|off
   // Large blocks freed on a stream (cudaFreeAsync) are kept, up to this many bytes (and 32
   // blocks) per thread arena, for the same stream to reuse without the device lock. 0 = off, the
