@@ -354,14 +354,17 @@ class CudaBackend final : public Backend {
     return to_status(driver_.cuEventDestroy(reinterpret_cast<CUevent>(event)));
   }
 
-  Status record_event(Event event, Stream stream) noexcept override {
+  Status record_event(int device, Event event, Stream stream) noexcept override {
+    if (!valid(device)) return Status::invalid_device;
     if (driver_.cuEventRecord == nullptr) return Status::not_supported;
     // The shim's keys (types.h): a per-thread key is the calling thread's per-thread stream, 0
     // the legacy default stream; other values are the CUstream itself.
     CUstream s = is_per_thread_stream(stream) ? CU_STREAM_PER_THREAD
                  : stream == 0                ? CU_STREAM_LEGACY
                                               : reinterpret_cast<CUstream>(stream);
-    RelaxedCapture relaxed(driver_);
+    // A thread that frees before any runtime call of its own has no current context: the
+    // runtime's streams are the primary context's, where the event was created.
+    ContextIfNone guard(driver_, devices_[device].primary);
     return to_status(driver_.cuEventRecord(reinterpret_cast<CUevent>(event), s));
   }
 

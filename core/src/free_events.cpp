@@ -18,7 +18,7 @@ std::uint64_t FreeEvents::record(Stream stream) noexcept {
     if (s != Status::ok) return 0;
     slot.created = true;
   }
-  if (backend_.record_event(slot.event, stream) != Status::ok) {
+  if (backend_.record_event(device_, slot.event, stream) != Status::ok) {
     slot.seq = 0;  // the slot's earlier record may be gone too
     return 0;
   }

@@ -657,7 +657,7 @@ Status SimBackend::destroy_event(Event event) noexcept {
   return state_->events.erase(event) != 0 ? Status::ok : Status::invalid_value;
 }
 
-Status SimBackend::record_event(Event event, Stream) noexcept {
+Status SimBackend::record_event(int, Event event, Stream) noexcept {
   std::lock_guard lock(state_->mu);
   auto it = state_->events.find(event);
   if (it == state_->events.end()) return Status::invalid_value;

@@ -43,6 +43,7 @@ struct FakeDriver {
   std::map<CUevent, CUcontext> event_ctx;
   std::uintptr_t next_event = 0x5000;
   CUstream last_record_stream = nullptr;
+  CUcontext ctx_at_record = nullptr;
   CUresult query_result = CUDA_SUCCESS;
 };
 FakeDriver fake;
@@ -168,6 +169,7 @@ CUresult f_event_destroy(CUevent e) {
 CUresult f_event_record(CUevent e, CUstream s) {
   if (fake.event_ctx.count(e) == 0) return CUDA_ERROR_INVALID_HANDLE;
   fake.last_record_stream = s;
+  fake.ctx_at_record = current();
   return take_error();
 }
 CUresult f_event_query(CUevent e) {
@@ -410,15 +412,18 @@ TEST_F(CudaBackendFakeDriver, EventsAreRecordedOnTheFreesStreamAndQueriedWithout
   EXPECT_EQ(be->create_event(2, &e), Status::invalid_device);
 
   const gpustitch::Stream user_stream = 0x7e5000;
-  ASSERT_EQ(be->record_event(e, user_stream), Status::ok);
+  ASSERT_EQ(be->record_event(1, e, user_stream), Status::ok);
   EXPECT_EQ(fake.last_record_stream, reinterpret_cast<CUstream>(user_stream));
-  ASSERT_EQ(be->record_event(e, (std::uintptr_t{41} << 4) | gpustitch::kPerThreadStreamTag),
+  EXPECT_EQ(fake.ctx_at_record, primary_of(1)) << "a thread without a context gets the device's";
+  EXPECT_TRUE(ctx_stack.empty());
+  EXPECT_EQ(be->record_event(2, e, user_stream), Status::invalid_device);
+  ASSERT_EQ(be->record_event(1, e, (std::uintptr_t{41} << 4) | gpustitch::kPerThreadStreamTag),
             Status::ok);
   EXPECT_EQ(fake.last_record_stream, CU_STREAM_PER_THREAD);
-  ASSERT_EQ(be->record_event(e, 0), Status::ok);
+  ASSERT_EQ(be->record_event(1, e, 0), Status::ok);
   EXPECT_EQ(fake.last_record_stream, CU_STREAM_LEGACY);
   fake.next_error = CUDA_ERROR_INVALID_HANDLE;  // a stream of another context
-  EXPECT_NE(be->record_event(e, user_stream), Status::ok);
+  EXPECT_NE(be->record_event(1, e, user_stream), Status::ok);
 
   bool done = false;
   EXPECT_EQ(be->query_event(e, &done), Status::ok);

@@ -119,7 +119,8 @@ class Backend {
     (void)event;
     return Status::not_supported;
   }
-  virtual Status record_event(Event event, Stream stream) noexcept {
+  virtual Status record_event(int device, Event event, Stream stream) noexcept {
+    (void)device;
     (void)event;
     (void)stream;
     return Status::not_supported;

@@ -86,7 +86,7 @@ class SimBackend final : public Backend {
   // Events complete with the hold_device() they were recorded in (at once outside one).
   Status create_event(int device, Event* out) noexcept override;
   Status destroy_event(Event event) noexcept override;
-  Status record_event(Event event, Stream stream) noexcept override;
+  Status record_event(int device, Event event, Stream stream) noexcept override;
   Status query_event(Event event, bool* done) noexcept override;
   // Export: a dup of the handle's memfd. Import: a dup of the received one, not counted in the
   // device's capacity (the exporting backend counts it).
