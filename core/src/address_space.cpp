@@ -100,6 +100,7 @@ Block* AddressSpace::split(Block* b, std::size_t size) noexcept {
   rest->state = b->state;
   rest->stream = b->stream;
   rest->epoch = b->epoch;
+  rest->free_event = b->free_event;
   if (b->next != nullptr) b->next->prev = rest;
   b->next = rest;
   b->size = size;

@@ -450,7 +450,6 @@ Block* DevicePool::take_from(LargeHeap& heap, FreeSet& set, std::size_t rounded,
   if (rest != nullptr) {
     if (pending) {
       // The remainder stays queued for its fence, right where b was, and reusable by the stream.
-      rest->free_event = b->free_event;
       fq_insert_after(b, rest);
       set.insert(*rest);
     } else {

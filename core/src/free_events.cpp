@@ -36,7 +36,7 @@ bool FreeEvents::query(Slot& slot) noexcept {
 FreeEvents::Slot* FreeEvents::answering(Stream stream, std::uint64_t seq) noexcept {
   if (seq == 0 || seq >= next_) return nullptr;
   Slot& own = slots_[seq % kSlots];
-  if (own.seq == seq) return &own;
+  if (own.seq == seq) return own.stream == stream ? &own : nullptr;  // not that stream's free
   // Overwritten: the oldest later record of the stream answers for it.
   Slot* later = nullptr;
   for (Slot& s : slots_) {

@@ -66,6 +66,7 @@ struct Block {
   // arena ran itself after the free also covers it (large_cache.h).
   std::uint64_t arena_fence = 0;
   // pending on a stream: the event of its free (FreeEvents' sequence number; 0: none recorded).
+  // A split's rest keeps it, as it keeps the epoch.
   std::uint64_t free_event = 0;
   Block* fq_prev = nullptr;
   Block* fq_next = nullptr;

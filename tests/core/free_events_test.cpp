@@ -56,6 +56,7 @@ TEST(FreeEvents, AFreeIsCompletedOnlyOnceTheDeviceRanPastIt) {
   EXPECT_FALSE(events.completed(kA, a2)) << "a free recorded during the work still running";
   EXPECT_FALSE(events.completed(kA, 0)) << "0: no event was recorded";
   EXPECT_FALSE(events.completed(kA, a2 + 1)) << "a number never handed out";
+  EXPECT_FALSE(events.completed(kB, a1)) << "another stream's free";
   sim.hold_device(false);
   EXPECT_TRUE(events.completed(kA, a2));
 }
