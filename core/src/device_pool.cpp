@@ -28,7 +28,8 @@
 // drain_pending), so the out-of-memory guarantee above still holds.
 //
 // Files, one concept each: this one (allocation, free, queries), device_pool_arenas.cpp (the
-// thread arenas and their chunks), device_pool_fencing.cpp (the fence queue),
+// thread arenas and their chunks), device_pool_fencing.cpp (the fence queue), free_events.h (the
+// events of stream-ordered frees, which a stream's cut asks before it fences),
 // device_pool_release.cpp (giving memory back: trim, cooperative release), device_pool_stats.cpp
 // (statistics and events, an observer of the pool), large_heap.cpp (placement and backing of
 // large blocks), memory_map.cpp (the memory map for snapshots).
