@@ -7,8 +7,9 @@
 //   3. a cached block: best fit among fenced free blocks of the device's address space (or among
 //      blocks the same stream freed, which stream order makes safe at once), cut at 512 B;
 //      max_split_size keeps oversize blocks for large requests, as PYTORCH_CUDA_ALLOC_CONF's
-//      max_split_size_mb does. A cut of the stream's own block inside a large handle fences first
-//      (stream_cut_fence), so that the cut can split the handle (the GPU may use unfenced memory);
+//      max_split_size_mb does. A cut of the stream's own block inside a large handle first asks
+//      the event of the block's free, else fences or waits (stream_cut_fence, stream_cut_wait),
+//      so that the cut can split the handle (the GPU may use unfenced memory);
 //   4. the large-block heap's miss path (large_heap.cpp): the place in the address space that
 //      needs the least new physical memory, backed by spare and idle handles moved from free
 //      blocks elsewhere (stitching), and fresh handles only for what they cannot cover;
