@@ -128,10 +128,10 @@ struct SimBackend::State {
   std::condition_variable device_cv;
   bool device_held = false;
   // Holds so far: an event recorded during hold n has completed once that hold ended (the device
-  // ran past it), even while a later hold keeps synchronize() blocking.
+  // ran past it), even while a later hold keeps synchronize() blocking. events: each event and
+  // the hold it was last recorded in (0: none).
   std::uint64_t holds = 0;
-  std::unordered_map<Event, std::uint64_t>
-      events;  // event -> the hold it was recorded in (0: none)
+  std::unordered_map<Event, std::uint64_t> events;
   Event next_event = 1;
   std::vector<std::size_t> used;
   std::vector<std::size_t> external;
