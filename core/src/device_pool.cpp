@@ -244,8 +244,7 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
   // past it: then the block is free as a fence would make it, and nothing waits. Where it has not,
   // stream_cut_wait off cuts at once (the live block pins the handle's rest).
   Block* own = nullptr;
-  if (std::uint64_t epoch = 0;
-      !grow && config_.stream_cut_fence && own_cut_pins(rounded, stream, &epoch, &own)) {
+  if (!grow && config_.stream_cut_fence && own_cut_pins(rounded, stream, &own)) {
     // (Not with reclaim:ordered, whose decisions are inline mode's, whatever the device's pace.)
     if (fence_locked_if_cheap() || (!config_.ordered_fences && free_if_device_ran_past(own))) {
       // fenced: the cut below splits the handle
@@ -254,7 +253,7 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
     } else if (config_.ordered_fences) {
       if (fence_step(wait_for_fence) == FenceStep::wait) return Status::out_of_memory;
     } else if (wait_for_fence != nullptr) {
-      wait_for_fence->epoch = epoch;
+      wait_for_fence->epoch = own->epoch;  // the fence that lets the cut split the handle
       wait_for_fence->event = free_events_.event_of(own->stream, own->free_event);
       return Status::out_of_memory;
     }
@@ -385,8 +384,7 @@ bool DevicePool::free_fit_is_smaller(const Block& own, std::size_t rounded) noex
   return any != heap_.free_blocks().end() && any->size < own.size;
 }
 
-bool DevicePool::own_cut_pins(std::size_t rounded, Stream stream, std::uint64_t* epoch,
-                              Block** own_out) noexcept {
+bool DevicePool::own_cut_pins(std::size_t rounded, Stream stream, Block** own_out) noexcept {
   if (stream == kAnyStream || stream_free_.empty() || !heap_.made_coarse_handles()) return false;
   auto it = stream_free_.find(stream);
   if (it == stream_free_.end()) return false;
@@ -396,7 +394,6 @@ bool DevicePool::own_cut_pins(std::size_t rounded, Stream stream, std::uint64_t*
   const std::size_t max_split = config_.max_split_size;
   if (own->size >= max_split) return false;  // used whole, or not at all
   if (rounded >= own->size || !heap_.pending_cut_pins(&*own, own->ptr + rounded)) return false;
-  *epoch = own->epoch;
   *own_out = &*own;
   return true;
 }

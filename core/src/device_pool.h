@@ -100,9 +100,8 @@ class DevicePool final {
                         FenceWait* wait_for_fence = nullptr) noexcept;
   Block* take_cached(std::size_t rounded, Stream stream) noexcept;
   // Whether take_cached would cut the stream's own pending block inside a coarse handle
-  // (stream_cut_fence); *epoch: the fence that would let the cut split it instead.
-  // *own: that block.
-  bool own_cut_pins(std::size_t rounded, Stream stream, std::uint64_t* epoch, Block** own) noexcept;
+  // (stream_cut_fence); *own: that block.
+  bool own_cut_pins(std::size_t rounded, Stream stream, Block** own) noexcept;
   // Where the event of own's free has completed: own, and every block its stream freed before it
   // still pending, become free (as a fence would make them); returns whether it had.
   bool free_if_device_ran_past(Block* own) noexcept;

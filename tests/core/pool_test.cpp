@@ -668,9 +668,7 @@ TEST(Pool, WithoutHandleShareASmallHeapsRangeIsOneHandle) {
 // A block freed on a stream merges with its fenced free neighbours at once, as it would under
 // cudaFree semantics: the stream can take a request larger than either without new memory.
 TEST(Pool, BlockFreedOnAStreamMergesWithItsFreeNeighbours) {
-  SimOptions slow_fences;
-  slow_fences.call_ns[static_cast<std::size_t>(SimOp::synchronize)] = 200'000;
-  TestDevice dev = make_test_device(slow_fences);
+  TestDevice dev = make_test_device(slow_fences(200'000));
   if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
   Pool pool(*dev.backend, Config{});  // the reclaimer thread, as in a program
   const Stream s = 0x61;
@@ -713,9 +711,7 @@ TEST(Pool, BlockFreedOnAStreamMergesWithItsFreeNeighbours) {
 // freed on one stream while the device still runs is not another stream's to reuse, so the pool
 // grows beside it.
 TEST(Pool, PeakReservedSaysWhatWaitedForItsFence) {
-  SimOptions slow_fences;
-  slow_fences.call_ns[static_cast<std::size_t>(SimOp::synchronize)] = 200'000;
-  TestDevice dev = make_test_device(slow_fences);
+  TestDevice dev = make_test_device(slow_fences(200'000));
   if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
   Config c;
   c.stream_miss_fence = false;  // the second stream does not wait for the first one's memory
@@ -758,9 +754,7 @@ TEST(Pool, PeakReservedSaysWhatWaitedForItsFence) {
 // Blocks freed on one stream merge for that stream at once, as PyTorch's blocks of one stream do:
 // a request larger than either is served from the two, before any fence and without new memory.
 TEST(Pool, BlocksFreedOnOneStreamMergeForThatStreamAtOnce) {
-  SimOptions slow_fences;
-  slow_fences.call_ns[static_cast<std::size_t>(SimOp::synchronize)] = 200'000;
-  TestDevice dev = make_test_device(slow_fences);
+  TestDevice dev = make_test_device(slow_fences(200'000));
   if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
   Pool pool(*dev.backend, Config{});  // the reclaimer thread, as in a program
   const Stream s = 0x51;
@@ -940,9 +934,7 @@ TEST(Pool, StreamOrderedMissWaitsForPendingMemoryInsteadOfGrowing) {
       const bool finishes =
           mode == Device::finishes || mode == Device::finishes_behind_a_huge_block;
       // 10 ms fences: the device looks busy, so no fence under the lock.
-      SimOptions slow_fences;
-      slow_fences.call_ns[static_cast<std::size_t>(SimOp::synchronize)] = 10'000'000;
-      TestDevice dev = make_test_device(slow_fences);
+      TestDevice dev = make_test_device(slow_fences(10'000'000));
       if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
       Config c;
       c.stream_miss_fence = mode != Device::rule_off;
@@ -1027,9 +1019,8 @@ TEST(Pool, StreamCutInsideALargeHandleWaitsForItsFenceAndSplitsIt) {
                  : mode == Mode::reclaimer_fence ? "reclaimer's fence"
                                                  : "rule off");
     // With the reclaimer thread, 10 ms fences make the device look busy: no fence under the lock.
-    SimOptions slow_fences;
-    slow_fences.call_ns[static_cast<std::size_t>(SimOp::synchronize)] = 10'000'000;
-    TestDevice dev = make_test_device(mode == Mode::reclaimer_fence ? slow_fences : SimOptions{});
+    TestDevice dev =
+        make_test_device(mode == Mode::reclaimer_fence ? slow_fences(10'000'000) : SimOptions{});
     if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
     Config c = mode == Mode::reclaimer_fence ? Config{} : inline_config();
     c.stream_cut_fence = mode != Mode::rule_off;
@@ -1146,9 +1137,8 @@ TEST(Pool, StreamCutWaitEndsWhenTheDeviceRunsPastTheFree) {
 TEST(Pool, StreamCutWithoutWaitingPinsWhileTheDeviceRuns) {
   for (bool wait : {false, true}) {
     SCOPED_TRACE(wait ? "stream_cut_wait:on" : "stream_cut_wait:off");
-    SimOptions slow_fences;  // a busy device: no fence is cheap
-    slow_fences.call_ns[static_cast<std::size_t>(SimOp::synchronize)] = 10'000'000;
-    TestDevice dev = make_test_device(slow_fences);
+    // a busy device: no fence is cheap
+    TestDevice dev = make_test_device(slow_fences(10'000'000));
     if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
     Config c;
     c.stream_cut_wait = wait;
@@ -1200,9 +1190,8 @@ TEST(Pool, OrderedFencesGiveInlineModesAnswersWithTheDeviceWaitOffTheLock) {
     DeviceStats stats;
   };
   auto run = [](bool ordered, Stream stream) {
-    SimOptions slow_fences;  // a busy device: no fence is cheap, so ordered mode must wait
-    slow_fences.call_ns[static_cast<std::size_t>(SimOp::synchronize)] = 2'000'000;
-    TestDevice dev = make_test_device(ordered ? slow_fences : SimOptions{});
+    // A busy device: no fence is cheap, so ordered mode must wait.
+    TestDevice dev = make_test_device(ordered ? slow_fences(2'000'000) : SimOptions{});
     Run r;
     if (dev.sim == nullptr) return r;
     Config c = inline_config();
@@ -1261,9 +1250,8 @@ TEST(Pool, OrderedFencesGiveInlineModesAnswersWithTheDeviceWaitOffTheLock) {
 // allocation then takes fresh memory, and no allocation waits again until that fence completes.
 // (With cudaFree semantics the program's own cudaFree would wait for such a device natively.)
 TEST(Pool, OrderedFencesWaitBoundedlyForADeviceThatNeverFinishes) {
-  SimOptions slow_fences;  // 10 ms fences: the device looks busy, so no fence under the lock
-  slow_fences.call_ns[static_cast<std::size_t>(SimOp::synchronize)] = 10'000'000;
-  TestDevice dev = make_test_device(slow_fences);
+  // 10 ms fences: the device looks busy, so no fence under the lock
+  TestDevice dev = make_test_device(slow_fences(10'000'000));
   if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
   Config c;
   c.ordered_fences = true;

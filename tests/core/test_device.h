@@ -21,6 +21,14 @@ struct TestDevice {
 // GPUSTITCH_TEST_BACKEND=cuda selects the CUDA backend; otherwise sim with these options.
 TestDevice make_test_device(const gpustitch::SimOptions& sim_options = {});
 
+// A simulated device whose every fence (synchronize) takes ns: a busy device, on which the pool
+// does not fence under its lock once it has timed one.
+inline gpustitch::SimOptions slow_fences(std::uint32_t ns) {
+  gpustitch::SimOptions o;
+  o.call_ns[static_cast<std::size_t>(gpustitch::SimOp::synchronize)] = ns;
+  return o;
+}
+
 // A pool configuration whose frees are fenced only when the pool needs memory or a test drains
 // them (no reclaimer thread), so that which blocks are cached is deterministic.
 inline gpustitch::Config inline_config() {
