@@ -44,10 +44,10 @@
 namespace gpustitch::detail {
 
 LargeHeap::FreshPlan LargeHeap::plan_fresh(std::size_t fresh, std::size_t handle, bool head,
-                                           bool tail) const noexcept {
+                                           bool tail, std::size_t coarse_min) const noexcept {
   FreshPlan plan{fresh, 0, handle, 0};
   const std::size_t g = options_.granularity;
-  if (options_.coarse_min == 0 || fresh < options_.coarse_min) return plan;
+  if (coarse_min == 0 || fresh < coarse_min) return plan;
   // One granule where the block leaves part of it free: the live block pins no more than an
   // ordinary handle would there (the smallest one), and the large handles lie wholly inside it.
   plan.head = head ? g : 0;
@@ -57,7 +57,7 @@ LargeHeap::FreshPlan LargeHeap::plan_fresh(std::size_t fresh, std::size_t handle
   // Handles of coarse_min or more, at most coarse_handles of them: a 256 MiB block is one handle
   // and a 2 GiB one four. A cut inside one later splits it in three (split_for_cut).
   const std::size_t per = std::clamp<std::size_t>(
-      inner / options_.coarse_min, 1, std::max<std::size_t>(options_.coarse_handles, 1));
+      inner / coarse_min, 1, std::max<std::size_t>(options_.coarse_handles, 1));
   plan.inner = std::max(g, std::min(align_up((inner + per - 1) / per, g), coarse_cap_));
   return plan;
 }

@@ -118,6 +118,8 @@ const std::vector<KeySpec>& key_specs() {
        [](std::string_view v, Config& c) { return parse_mb_or_zero(v, &c.max_handle); }},
       {"fresh_coarse_mb", "a size in MiB, 0 (never) or between 2 and 1048576",
        [](std::string_view v, Config& c) { return parse_mb_or_zero(v, &c.fresh_coarse); }},
+      {"stream_fresh_coarse_mb", "a size in MiB, 0 (as fresh_coarse_mb) or between 2 and 1048576",
+       [](std::string_view v, Config& c) { return parse_mb_or_zero(v, &c.stream_fresh_coarse); }},
       {"handle_share", "a count between 0 and 65536 (0 = no limit)",
        [](std::string_view v, Config& c) { return parse_count(v, &c.handle_share); }},
       {"gap_handles", "a count between 0 and 65536 (0 = no limit)",

@@ -64,6 +64,8 @@ LargeHeap::Options heap_options(Backend& backend, const Config& config, int devi
   o.max_handle = config.max_handle == 0 ? SIZE_MAX : config.max_handle;
   o.handle_share = config.handle_share;
   o.coarse_min = config.fresh_coarse;
+  o.coarse_min_stream =
+      config.fresh_coarse == 0 ? 0 : std::max(config.fresh_coarse, config.stream_fresh_coarse);
   o.move = config.stitching;
   o.defer_unmap = config.unmap == Config::Unmap::lazy ||
                   (config.unmap == Config::Unmap::background && config.background_reclaim);
@@ -303,7 +305,7 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
   // waits for the reclaimer's fence without the locks (wait_for_reclaimer) and retries.
   if ((stream == kAnyStream || config_.stream_miss_fence) && fq_head_ != nullptr &&
       stats_.bytes_pending >= rounded / 2 && stats_.bytes_pending * 64 >= working_reserved()) {
-    if (grow_heap(rounded, out, outcome, /*fresh=*/false)) return Status::ok;
+    if (grow_heap(rounded, stream, out, outcome, /*fresh=*/false)) return Status::ok;
     if (stream == kAnyStream || fence_is_cheap(last_fence_ns_.load(std::memory_order_relaxed))) {
       fence_locked();
       if (cached()) return Status::ok;
@@ -313,11 +315,11 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
     }
   }
   for (int attempt = 0; attempt < 2; ++attempt) {
-    if (grow_heap(rounded, out, outcome)) return Status::ok;
+    if (grow_heap(rounded, stream, out, outcome)) return Status::ok;
     // No memory to back it: memory still waiting for its fence is the cheapest to get back.
     if (has_pending()) {
       fence_locked();
-      if (cached() || grow_heap(rounded, out, outcome)) return Status::ok;
+      if (cached() || grow_heap(rounded, stream, out, outcome)) return Status::ok;
     }
     // Give idle handles back to the driver and retry: handles too large to fit the gap (or, with
     // stitching off, any idle handle) come back as fresh memory of the right size. PyTorch's
@@ -327,8 +329,9 @@ Status DevicePool::allocate_large(std::size_t size, std::size_t rounded, Stream 
   return Status::out_of_memory;
 }
 
-bool DevicePool::grow_heap(std::size_t rounded, Block** out, Outcome* outcome,
+bool DevicePool::grow_heap(std::size_t rounded, Stream stream, Block** out, Outcome* outcome,
                            bool fresh) noexcept {
+  const bool stream_ordered = stream != kAnyStream;
   LargeHeap::Growth g;
   Status s = Status::out_of_memory;
   // grow_slack_pct: while the pool holds less than that much above the program's peak, a miss
@@ -339,10 +342,13 @@ bool DevicePool::grow_heap(std::size_t rounded, Block** out, Outcome* outcome,
     const std::size_t limit = peak + peak / 100 * config_.grow_slack_pct;
     const std::size_t held = heap_.reserved_bytes() + chunks_.reserved_bytes();
     if (held < limit) {
-      s = heap_.grow(rounded, std::min(fresh_allowance(), limit - held), out, &g, false);
+      s = heap_.grow(rounded, std::min(fresh_allowance(), limit - held), out, &g, false,
+                     stream_ordered);
     }
   }
-  if (s != Status::ok) s = heap_.grow(rounded, fresh ? fresh_allowance() : 0, out, &g);
+  if (s != Status::ok) {
+    s = heap_.grow(rounded, fresh ? fresh_allowance() : 0, out, &g, true, stream_ordered);
+  }
   sync_physical();  // a failed grow may still have moved handles (they stay spares)
   note_free_changed();
   // Moved handles' old places wait for the reclaimer's unmap (retired_mappings.h).

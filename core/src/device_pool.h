@@ -113,8 +113,10 @@ class DevicePool final {
   // A chunk for the small-object pool, from chunks_ (lock held).
   Status allocate_chunk(std::size_t size, Block** out, Outcome* outcome) noexcept;
   // The heap's miss path, with its bookkeeping: moved handles count as a stitch.
-  // fresh false: only spare and moved handles, no fresh memory.
-  bool grow_heap(std::size_t rounded, Block** out, Outcome* outcome, bool fresh = true) noexcept;
+  // fresh false: only spare and moved handles, no fresh memory. stream: the request's
+  // (kAnyStream: cudaMalloc semantics), which decides the fresh handles' sizes.
+  bool grow_heap(std::size_t rounded, Stream stream, Block** out, Outcome* outcome,
+                 bool fresh = true) noexcept;
   std::size_t fresh_allowance() const noexcept;  // bytes the cap still allows
   // What the pool holds outside very large live blocks (LargeHeap::mark_allocated): the base of the
   // "how much is waiting for a fence" ratios. A 115 GiB block allocated first (the end-to-end

@@ -389,7 +389,7 @@ void LargeHeap::unmap_all(Handle* const* hs, std::size_t n) noexcept {
 }
 
 Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block** out,
-                       Growth* growth, bool allow_move) noexcept {
+                       Growth* growth, bool allow_move, bool stream_ordered) noexcept {
   const std::size_t g = options_.granularity;
   const bool move = options_.move && allow_move;
   if (memory_first_ && working_held() >= options_.memory_first_below) {
@@ -509,8 +509,9 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
   if (fresh > fresh_allowance) return Status::out_of_memory;
   // The fresh handles go last in the gap (mapped in chosen_'s order): the first granule is theirs
   // only when nothing else backs the gap.
-  const FreshPlan plan = plan_fresh(fresh, fine_handle(fresh), fresh == need && w.start > w.gap_lo,
-                                    w.start + rounded < w.gap_hi);
+  const FreshPlan plan = plan_fresh(
+      fresh, fine_handle(fresh), fresh == need && w.start > w.gap_lo, w.start + rounded < w.gap_hi,
+      stream_ordered ? options_.coarse_min_stream : options_.coarse_min);
   const std::size_t fresh_count = plan.count();
   // Nodes for every split below (the window's, two per moved handle, two per handle a failed
   // rollback may leave mapped), so that no step fails half-way for want of host memory.

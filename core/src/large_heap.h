@@ -41,6 +41,8 @@ class LargeHeap {
     // handles of coarse_min or more, with one granule at an end the block only partly covers
     // (large_heap.cpp: fresh-block cost).
     std::size_t coarse_min = 0;
+    // The same for a stream-ordered request's fresh memory (0: never; config.h: why it differs).
+    std::size_t coarse_min_stream = 0;
     std::size_t coarse_handles = 4;
     bool move = true;  // back requests with idle handles moved from elsewhere
     // A moved handle's old place is unmapped by the reclaimer thread, not the allocating one
@@ -173,8 +175,10 @@ class LargeHeap {
   // and, for the rest, at most `fresh_allowance` bytes of fresh handles. out_of_memory changes
   // nothing but what it could not undo (handles it moved stay where they went, as spares).
   // allow_move false: no idle handle moves for this request (spares and fresh memory only).
+  // stream_ordered: the request is a stream's (cudaMallocAsync), whose fresh memory comes in
+  // large handles only from Options::coarse_min_stream.
   Status grow(std::size_t rounded, std::size_t fresh_allowance, Block** out, Growth* growth,
-              bool allow_move = true) noexcept;
+              bool allow_move = true, bool stream_ordered = false) noexcept;
 
   // Gives idle physical memory back to the driver: spare handles, then handles lying wholly
   // inside free blocks. release_one gives back one handle (the smallest covering `wanted`, else
@@ -233,8 +237,10 @@ class LargeHeap {
     }
   };
   // `handle`: the ordinary size. head/tail: the block leaves part of the fresh range's first/last
-  // granule free, which it would pin with the handle there.
-  FreshPlan plan_fresh(std::size_t fresh, std::size_t handle, bool head, bool tail) const noexcept;
+  // granule free, which it would pin with the handle there. coarse_min: Options::coarse_min or
+  // coarse_min_stream, as the request is.
+  FreshPlan plan_fresh(std::size_t fresh, std::size_t handle, bool head, bool tail,
+                       std::size_t coarse_min) const noexcept;
   // The ordinary size of a fresh handle when the heap grows by `fresh` bytes.
   std::size_t fine_handle(std::size_t fresh) const noexcept;
   bool refine(Handle* h) noexcept;

@@ -147,6 +147,14 @@ TEST(Config, FreshCoarseKey) {
   auto bad = parse_config("fresh_coarse_mb:1");
   EXPECT_EQ(bad.errors.size(), 1u);
   EXPECT_EQ(bad.config.fresh_coarse, 256 * MiB) << "a rejected value leaves the default";
+  EXPECT_EQ(Config{}.stream_fresh_coarse, 2 * GiB) << "the default for a stream's fresh range";
+  EXPECT_EQ(parse_config("stream_fresh_coarse_mb:0").config.stream_fresh_coarse, 0u)
+      << "as fresh_coarse_mb";
+  EXPECT_EQ(parse_config("stream_fresh_coarse_mb:512").config.stream_fresh_coarse, 512 * MiB);
+  auto bad_stream = parse_config("stream_fresh_coarse_mb:x");
+  ASSERT_EQ(bad_stream.errors.size(), 1u);
+  EXPECT_NE(bad_stream.errors[0].find("stream_fresh_coarse_mb"), std::string::npos);
+  EXPECT_EQ(bad_stream.config.stream_fresh_coarse, 2 * GiB);
 }
 
 // Switches that are on unless turned off; a bad value keeps them on and names the key.

@@ -1022,7 +1022,7 @@ TEST(Pool, StreamCutInsideALargeHandleWaitsForItsFenceAndSplitsIt) {
     TestDevice dev =
         make_test_device(mode == Mode::reclaimer_fence ? slow_fences(10'000'000) : SimOptions{});
     if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
-    Config c = mode == Mode::reclaimer_fence ? Config{} : inline_config();
+    Config c = stream_coarse(mode == Mode::reclaimer_fence ? Config{} : inline_config());
     c.stream_cut_fence = mode != Mode::rule_off;
     Pool pool(*dev.backend, c);
     const Stream s = 0x3000;
@@ -1064,7 +1064,7 @@ TEST(Pool, StreamCutInsideALargeHandleWaitsForItsFenceAndSplitsIt) {
 TEST(Pool, StreamCutSplitsWithoutAFenceOnceTheDeviceRanPastTheFree) {
   TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
-  Pool pool(*dev.backend, Config{});
+  Pool pool(*dev.backend, stream_coarse());
   const Stream s = 0x3000, other = 0x4000;
   DevPtr big = 0, elsewhere = 0, small = 0;
   ASSERT_EQ(pool.allocate(0, 512 * MiB, s, &big), Status::ok);
@@ -1101,7 +1101,7 @@ TEST(Pool, StreamCutSplitsWithoutAFenceOnceTheDeviceRanPastTheFree) {
 TEST(Pool, StreamCutWaitEndsWhenTheDeviceRunsPastTheFree) {
   TestDevice dev = make_test_device();
   if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
-  Pool pool(*dev.backend, Config{});
+  Pool pool(*dev.backend, stream_coarse());
   const Stream s = 0x3000;
   DevPtr big = 0, small = 0;
   ASSERT_EQ(pool.allocate(0, 512 * MiB, s, &big), Status::ok);
@@ -1140,7 +1140,7 @@ TEST(Pool, StreamCutWithoutWaitingPinsWhileTheDeviceRuns) {
     // a busy device: no fence is cheap
     TestDevice dev = make_test_device(slow_fences(10'000'000));
     if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
-    Config c;
+    Config c = stream_coarse();
     c.stream_cut_wait = wait;
     Pool pool(*dev.backend, c);
     const Stream s = 0x3000;
@@ -1176,6 +1176,59 @@ TEST(Pool, StreamCutWithoutWaitingPinsWhileTheDeviceRuns) {
     EXPECT_EQ(pool.validate(0), "");
     ASSERT_EQ(pool.deallocate(small, s), Status::ok);
   }
+}
+
+// A stream-ordered fresh range below stream_fresh_coarse_mb (2 GiB) comes in ordinary handles, so
+// that the stream cutting a smaller block out of it again, while the device still runs the work
+// before the free, neither waits for the device nor pins more than one ordinary handle's free
+// rest: no cut is "inside a large handle". cudaMalloc's fresh range of the same size still comes
+// in large handles (its cuts wait for a fence anyway), and so does a stream's of 2 GiB.
+TEST(Pool, StreamsFreshRangeBelowItsBoundIsOrdinaryHandlesSoItsCutsNeitherWaitNorPin) {
+  TestDevice dev = make_test_device(slow_fences(10'000'000));  // a busy device
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs a controllable device";
+  Config c = no_memory_first();
+  c.background_reclaim = true;  // as by default: the reclaimer's fences, none cheap
+  c.handle_share = 0;           // ordinary handles of max_handle_mb from the start
+  Pool pool(*dev.backend, c);
+  const Stream s = 0x3000;
+  auto handles_for = [&](std::size_t size, Stream stream) {
+    const std::size_t before = pool.stats(0).handles;
+    DevPtr p = 0;
+    EXPECT_EQ(pool.allocate(0, size, stream, &p), Status::ok);
+    return std::make_pair(p, pool.stats(0).handles - before);
+  };
+  auto [malloced, malloc_handles] = handles_for(512 * MiB, kAnyStream);
+  EXPECT_LE(malloc_handles, 3u) << "cudaMalloc semantics: large handles";
+  auto [huge, huge_handles] = handles_for(2 * GiB, s);
+  EXPECT_LE(huge_handles, 6u) << "a stream's 2 GiB: large handles";
+  auto [big, big_handles] = handles_for(512 * MiB, s);
+  EXPECT_EQ(big_handles, 512 * MiB / c.max_handle + 1) << "a stream's 512 MiB: ordinary handles";
+  stamp(dev, big, 512 * MiB, 21);
+
+  dev.sim->hold_device(true);  // the kernels before the free still run
+  ASSERT_EQ(pool.deallocate(big, s), Status::ok);
+  const DeviceStats before = pool.stats(0);
+  DevPtr small = 0;
+  ASSERT_EQ(pool.allocate(0, 64 * MiB, s, &small), Status::ok);
+  const DeviceStats after = pool.stats(0);
+  EXPECT_EQ(small, big) << "the stream's own freed memory, at once";
+  EXPECT_EQ(after.cuts_event_running, before.cuts_event_running) << "a pinning cut";
+  EXPECT_EQ(after.fence_waits, before.fence_waits) << "waited for the device";
+  EXPECT_EQ(after.fence_syncs, before.fence_syncs) << "fenced the device";
+  EXPECT_EQ(after.driver_calls, before.driver_calls) << "no split: nothing to split";
+  stamp(dev, small, 64 * MiB, 22);
+  EXPECT_TRUE(check(dev, small, 64 * MiB, 22));
+  dev.sim->hold_device(false);
+
+  ASSERT_EQ(pool.deallocate(malloced), Status::ok);
+  ASSERT_EQ(pool.deallocate(huge, s), Status::ok);
+  pool.drain_pending(0);
+  pool.trim(0);
+  EXPECT_LE(pool.stats(0).bytes_reserved, 64 * MiB + c.max_handle)
+      << "the live block pins at most one ordinary handle's rest";
+  EXPECT_TRUE(check(dev, small, 64 * MiB, 22));
+  EXPECT_EQ(pool.validate(0), "");
+  ASSERT_EQ(pool.deallocate(small, s), Status::ok);
 }
 
 // reclaim:ordered: the reclaimer thread waits for the device, but freed large blocks become free

@@ -37,6 +37,13 @@ inline gpustitch::Config inline_config() {
   return c;
 }
 
+// A configuration whose stream-ordered fresh blocks of 256 MiB and more come in large handles,
+// as cudaMalloc's do (stream_fresh_coarse_mb:0): for tests of what a stream's cut does inside one.
+inline gpustitch::Config stream_coarse(gpustitch::Config c = {}) {
+  c.stream_fresh_coarse = 0;
+  return c;
+}
+
 // inline_config() without the memory-first phase (memory_first_mb:0): for tests of the handle
 // sizes and placement the heap uses once that phase is over.
 inline gpustitch::Config no_memory_first() {

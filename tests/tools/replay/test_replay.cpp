@@ -183,9 +183,10 @@ TEST(Replay, GivesTheBytesOfTheGpuRunThatRecordedTheTrace) {
       trace::read_trace_file(std::string(GPUSTITCH_TRACES) + "/gpt_h100_inline.csv", &t, &why))
       << why;
   PolicyEnv env;
-  env.capacity = 85'017'493'504;           // the H100's total memory
-  env.map_offset = false;                  // driver 580 maps whole handles only
-  env.pool_conf = "stream_cut_fence:off";  // not in the recording run's code
+  env.capacity = 85'017'493'504;  // the H100's total memory
+  env.map_offset = false;         // driver 580 maps whole handles only
+  // Neither was in the recording run's code.
+  env.pool_conf = "stream_cut_fence:off,stream_fresh_coarse_mb:0";
   const PolicySpec* spec = find_policy("gpustitch");
   ASSERT_NE(spec, nullptr);
   auto policy = spec->make(env, &why);
