@@ -2,7 +2,8 @@
 // handles are cut down later. Part of LargeHeap (large_heap.h; its placement and backing policy
 // are at the top of large_heap.cpp).
 //
-// A fresh gap of fresh_coarse_mb (256 MiB) or more is the exception (plan_fresh): at most 4
+// A fresh gap of fresh_coarse_mb (256 MiB) or more is the exception (plan_fresh; for a
+// stream-ordered request only from stream_fresh_coarse_mb, 2 GiB: see the end): at most 4
 // handles of fresh_coarse_mb or more (none above 1/64 of the device), plus one granule at an
 // end the block only partly covers, where it would otherwise pin a large handle's free rest.
 // A fresh 256 MiB block is then one create, one map and one cuMemSetAccess, 2 GiB four,
@@ -37,6 +38,15 @@
 // and from 116-120 to 99-118 ms on HF training, at the same peak reserved; tokens/s medians
 // over seven paired rounds were 4-6% below ordinary handles, inside single runs' spread
 // (docs/performance-history.md, "A fresh block now costs about what `cudaMalloc` does").
+//
+// A stream's fresh gap below stream_fresh_coarse_mb comes in ordinary handles. The stream reuses
+// what it freed before the device has run past the free (stream order makes that safe), and a
+// large handle under such a cut can be split only once the device is done with it: the cut either
+// waits (stream_cut_fence, stream_cut_wait; on an H100 61-220 ms of waits per timed run and twice
+// the allocating thread's driver time in splits) or pins the handle's free rest. Ordinary handles
+// make neither necessary, for a fresh 256 MiB-2 GiB block at 6-64x cudaMalloc instead of 0.7-2.0x;
+// from 2 GiB up (a KV cache, a balloon) the handle count would cost more than the waits
+// (docs/address-space.md, "A stream's fresh range in ordinary handles below 2 GiB").
 #include <algorithm>
 
 #include "large_heap.h"
