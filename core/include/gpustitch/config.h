@@ -89,11 +89,11 @@ struct Config {
   // The same bound for a fresh range that a stream-ordered request (cudaMallocAsync) takes, where
   // it is larger (0: as fresh_coarse_mb). Such a block's large handles are what a later cut out of
   // the stream's own freed memory pins, or waits for the device to split (stream_cut_fence): on
-  // the GPU those waits and splits, not the pool's placement, were what the defaults' tokens/s
-  // lost against PyTorch's (README, "On the GPU"). With cudaFree semantics a freed block becomes
+  // an H100 those waits and splits cost the defaults 1-11% of tokens/s against the rule off in
+  // four pairs of runs (README, "On the GPU"). With cudaFree semantics a freed block becomes
   // free only at a fence, so its cuts always split at once. Below the bound a stream-ordered
-  // fresh range comes in ordinary handles, as cudaMallocAsync's own pool takes memory from the
-  // driver in its own pieces.
+  // fresh range comes in ordinary handles, at a fresh block's earlier cost (6-64x cudaMalloc for
+  // 256 MiB-2 GiB on the H200); larger ones would cost more handles than the waits do.
   std::size_t stream_fresh_coarse = 2 * GiB;  // stream_fresh_coarse_mb
   // Frees wait for device work on a background thread (thread), or only when an allocation
   // needs their memory (inline: deterministic, for tests and replay). ordered: the thread runs
