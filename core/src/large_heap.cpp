@@ -55,7 +55,9 @@
 //     1.011x without it; left out, 1.011x (1.014x in stream order, as without it). Any threshold
 //     from 1 to 16 GiB gave the same figures on every recorded trace;
 //   - a fresh gap of fresh_coarse_mb (256 MiB) or more is the exception: at most 4 large handles,
-//     split where a later cut needs it (coarse_handles.cpp: the design, its costs, the forms
+//     split where a later cut needs it; a stream-ordered request's only from
+//     stream_fresh_coarse_mb (2 GiB), since its stream's cuts of its own freed memory would wait
+//     for the device to split them (coarse_handles.cpp: the design, its costs, the forms
 //     measured);
 //   - moving a handle costs a cuMemUnmap (~18 us idle, ~45 us while kernels run), a cuMemMap and
 //     its share of one cuMemSetAccess (~170 us per gap on the GPU workloads), and no
