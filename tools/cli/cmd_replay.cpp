@@ -266,6 +266,7 @@ int run_replay(const ReplayArgs& a, const GlobalOptions& g) {
                                {"ns_per_free", r.ns_per_free}});
       if (a.min_capacity) j["policies"].back()["min_capacity_bytes"] = min_caps[i];
       for (const auto& [name, value] : r.counters) j["policies"].back()[name] = value;
+      for (const auto& [name, value] : r.second_half) j["policies"].back()[name] = value;
     }
     std::cout << terminal_json(j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace))
               << "\n";
@@ -292,6 +293,28 @@ int run_replay(const ReplayArgs& a, const GlobalOptions& g) {
                   min_caps[i] ? gib(min_caps[i]).c_str() : "none tried fits");
     }
     if (!min_caps.empty()) std::printf("(smallest device: bisection to within 64 MiB)\n");
+    for (const auto& r : results) {
+      auto get = [](const auto& counters, std::string_view key) -> std::uint64_t {
+        for (const auto& [name, value] : counters)
+          if (name == key) return value;
+        return UINT64_MAX;
+      };
+      const std::uint64_t us = get(r.counters, "driver_us");
+      if (us == UINT64_MAX) continue;
+      std::printf(
+          "%s: driver calls %.1f ms on an idle H200's costs (%llu creates, %llu maps, %llu "
+          "unmaps, %llu releases)",
+          r.policy.c_str(), static_cast<double>(us) / 1000.0,
+          static_cast<unsigned long long>(get(r.counters, "driver_creates")),
+          static_cast<unsigned long long>(get(r.counters, "driver_maps")),
+          static_cast<unsigned long long>(get(r.counters, "driver_unmaps")),
+          static_cast<unsigned long long>(get(r.counters, "driver_releases")));
+      const std::uint64_t later = get(r.second_half, "driver_us_second_half");
+      if (later != UINT64_MAX)
+        std::printf(", %.1f ms of it in the second half of the events",
+                    static_cast<double>(later) / 1000.0);
+      std::printf("\n");
+    }
     for (const auto& r : results) {
       auto get = [&](std::string_view key) -> std::uint64_t {
         for (const auto& [name, value] : r.counters)

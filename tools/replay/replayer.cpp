@@ -24,6 +24,20 @@ struct KeyHash {
 
 }  // namespace
 
+std::vector<std::pair<std::string, std::uint64_t>> second_half_driver_counters(
+    const std::vector<std::pair<std::string, std::uint64_t>>& at_end,
+    const std::vector<std::pair<std::string, std::uint64_t>>& at_midpoint) {
+  std::vector<std::pair<std::string, std::uint64_t>> out;
+  for (const auto& [name, end] : at_end) {
+    if (!name.starts_with("driver_")) continue;
+    std::uint64_t mid = 0;
+    for (const auto& [n, v] : at_midpoint)
+      if (n == name) mid = v;
+    out.emplace_back(name + "_second_half", end - std::min(end, mid));
+  }
+  return out;
+}
+
 ReplayResult replay_trace(const trace::Trace& trace, ReplayPolicy& policy,
                           const ReplayOptions& options) {
   using clock = std::chrono::steady_clock;
@@ -45,6 +59,8 @@ ReplayResult replay_trace(const trace::Trace& trace, ReplayPolicy& policy,
   ReplayPoint point;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> samples;  // (allocated, reserved) per op
   samples.reserve(n);
+  std::vector<std::pair<std::string, std::uint64_t>> at_midpoint;
+  bool passed_midpoint = false, stopped = false;
 
   for (std::size_t i = 0; i < n; ++i) {
     const trace::TraceEvent& ev = trace.events[i];
@@ -118,6 +134,10 @@ ReplayResult replay_trace(const trace::Trace& trace, ReplayPolicy& policy,
           1.0 - static_cast<double>(std::min(allocated, reserved)) / static_cast<double>(reserved);
       ++frag_samples;
     }
+    if (i + 1 == n / 2) {
+      at_midpoint = policy.counters(devices);
+      passed_midpoint = true;
+    }
     point.allocated = std::max(point.allocated, allocated);
     point.reserved = std::max(point.reserved, reserved);
     if ((i + 1) % bucket == 0 || i + 1 == n) {
@@ -130,6 +150,7 @@ ReplayResult replay_trace(const trace::Trace& trace, ReplayPolicy& policy,
       point.op = i;
       point.time_s = ev.time_s - t0_trace;
       r.series.push_back(point);
+      stopped = true;
       break;
     }
   }
@@ -142,6 +163,8 @@ ReplayResult replay_trace(const trace::Trace& trace, ReplayPolicy& policy,
   for (int d = 0; d < devices; ++d) policy_peak += policy.peak_reserved(d);
   if (devices == 1) r.peak_reserved = std::max(r.peak_reserved, policy_peak);
   r.counters = policy.counters(devices);
+  if (passed_midpoint && !stopped)
+    r.second_half = second_half_driver_counters(r.counters, at_midpoint);
   r.ops = n;
   r.frag_mean = frag_samples ? frag_sum / static_cast<double>(frag_samples) : 0;
   std::uint64_t served_allocs = r.allocs;

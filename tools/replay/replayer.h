@@ -58,6 +58,11 @@ struct ReplayResult {
   std::vector<ReplayPoint> series;    // at most max_points buckets
   std::vector<ReplayOom> oom_events;  // the first kMaxOomEvents OOMs, for plots
   std::vector<std::pair<std::string, std::uint64_t>> counters;  // ReplayPolicy::counters
+  // The driver counters ("driver_*") over the second half of the trace's events alone, named
+  // with "_second_half": a training trace's later steps, where the pool has grown and what is
+  // left is its steady-state cost. Empty when the replay stopped before the midpoint or the
+  // policy keeps no driver counters.
+  std::vector<std::pair<std::string, std::uint64_t>> second_half;
 };
 
 inline constexpr std::size_t kMaxOomEvents = 64;
@@ -68,6 +73,11 @@ struct ReplayOptions {
   // cover the events up to it.
   bool stop_at_first_oom = false;
 };
+
+// The "driver_*" counters of at_end less their value at the midpoint, named "<name>_second_half".
+std::vector<std::pair<std::string, std::uint64_t>> second_half_driver_counters(
+    const std::vector<std::pair<std::string, std::uint64_t>>& at_end,
+    const std::vector<std::pair<std::string, std::uint64_t>>& at_midpoint);
 
 ReplayResult replay_trace(const trace::Trace& trace, ReplayPolicy& policy,
                           const ReplayOptions& options = {});
