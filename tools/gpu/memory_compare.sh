@@ -12,7 +12,9 @@
 #   --rounds  rounds (default 1)
 #   --only    run only the configurations whose name matches (extended regex)
 #   --workloads  which workloads, comma-separated (default gpt,hf)
-#   --steps   steps per run, the first 2 untimed (default 10 for gpt, 12 for hf)
+#   --steps   steps per run, the first --warmup untimed (default 10 for gpt, 12 for hf)
+#   --warmup  untimed steps (default 2); e.g. --steps 40 --warmup 30 times the pool once it has
+#             settled (its moves stop after the first steps; replay's "second half" figures)
 #   --conf    add a gpustitch configuration NAME with GPUSTITCH_CONF=CONF (repeatable); without
 #             any, one "gpustitch" row with the defaults. NAME=CONF|TORCH also sets
 #             PYTORCH_CUDA_ALLOC_CONF=TORCH for that row (e.g. "async=|backend:cudaMallocAsync");
@@ -26,7 +28,7 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT" || exit 2
-BUILD="" ROUNDS=1 ONLY="" CONFS=() WORKLOADS="gpt hf" STEPS=""
+BUILD="" ROUNDS=1 ONLY="" CONFS=() WORKLOADS="gpt hf" STEPS="" WARMUP=2
 while [[ $# -gt 0 ]]; do
   case $1 in
     --build) BUILD=$2; shift 2 ;;
@@ -35,11 +37,13 @@ while [[ $# -gt 0 ]]; do
     --workloads) WORKLOADS=${2//,/ }; shift 2 ;;
     --conf) CONFS+=("$2"); shift 2 ;;
     --steps) STEPS=$2; shift 2 ;;
-    -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
+    --warmup) WARMUP=$2; shift 2 ;;
+    -h | --help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "memory_compare: unknown argument $1" >&2; exit 2 ;;
   esac
 done
 [[ -n $BUILD ]] || { echo "memory_compare: --build is required" >&2; exit 2; }
+[[ $WARMUP =~ ^[0-9]+$ ]] || { echo "memory_compare: --warmup takes a step count" >&2; exit 2; }
 BUILD=$(cd "$BUILD" && pwd) || exit 2
 LIB=$BUILD/preload/libgpustitch.so
 CLI=$BUILD/tools/gpustitch
@@ -49,8 +53,8 @@ CLI=$BUILD/tools/gpustitch
 NAMES=(pytorch expandable async)
 for c in "${CONFS[@]}"; do NAMES+=("${c%%=*}"); done
 declare -A WORKLOAD=(
-  [gpt]="bench/gpu/e2e/train_seqlen.py --batch 5 --steps ${STEPS:-10} --warmup 2 --budget-gb 24"
-  [hf]="tools/gpu/hf_workloads.py train --steps ${STEPS:-12} --warmup 2"
+  [gpt]="bench/gpu/e2e/train_seqlen.py --batch 5 --steps ${STEPS:-10} --warmup $WARMUP --budget-gb 24"
+  [hf]="tools/gpu/hf_workloads.py train --steps ${STEPS:-12} --warmup $WARMUP"
 )
 
 run_one() {  # config workload round
