@@ -59,9 +59,9 @@ struct ReplayResult {
   std::vector<ReplayOom> oom_events;  // the first kMaxOomEvents OOMs, for plots
   std::vector<std::pair<std::string, std::uint64_t>> counters;  // ReplayPolicy::counters
   // The driver counters ("driver_*") over the second half of the trace's events alone, named
-  // with "_second_half": a training trace's later steps, where the pool has grown and what is
-  // left is its steady-state cost. Empty when the replay stopped before the midpoint or the
-  // policy keeps no driver counters.
+  // with "_second_half": a training trace's later steps, where most of the pool's growth is
+  // behind it (not all: a trace's longest step may come late). Empty when the replay stopped
+  // before the midpoint or the policy keeps no driver counters.
   std::vector<std::pair<std::string, std::uint64_t>> second_half;
 };
 

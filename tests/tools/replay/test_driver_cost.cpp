@@ -1,7 +1,7 @@
 // Replay's driver-cost model: what each call through CostedBackend is charged (the figures of
 // driver_cost.h, measured on an idle H200), above all that cuMemSetAccess is charged per handle
 // mapped in its range, not per call; and the split of the driver counters into the trace's second
-// half, where a training trace's pool has grown and what is left is its steady-state cost.
+// half, a training trace's later steps, where most of the pool's growth is behind it.
 #include <gtest/gtest.h>
 
 #include <gpustitch/sim_backend.h>
