@@ -545,7 +545,8 @@ Status LargeHeap::grow(std::size_t rounded, std::size_t fresh_allowance, Block**
       release_created();
       if (consolidate) {  // nothing has moved or gone back: plan it again with moves only
         consolidate_off_ = true;
-        const Status again = grow(rounded, fresh_allowance, out, growth, allow_move);
+        const Status again =
+            grow(rounded, fresh_allowance, out, growth, allow_move, stream_ordered);
         consolidate_off_ = false;
         return again;
       }

@@ -1231,6 +1231,42 @@ TEST(Pool, StreamsFreshRangeBelowItsBoundIsOrdinaryHandlesSoItsCutsNeitherWaitNo
   ASSERT_EQ(pool.deallocate(small, s), Status::ok);
 }
 
+// After the memory-first phase a miss replaces the phase's small idle handles with fresh ones
+// (consolidation). Where the driver refuses one of those creates, the miss is planned again with
+// the small handles moved; that plan must still be a stream's: its fresh range below
+// stream_fresh_coarse_mb in ordinary handles, not large ones its later cuts would wait to split.
+TEST(Pool, StreamsMissPlannedAgainAfterARefusedCreateKeepsOrdinaryHandles) {
+  TestDevice dev = make_test_device();
+  if (dev.sim == nullptr) GTEST_SKIP() << "needs fault injection";
+  Config c = inline_config();
+  c.memory_first = 64 * MiB;  // a short phase of small handles
+  Pool pool(*dev.backend, c);
+  const Stream s = 0x3000;
+  std::vector<DevPtr> small;
+  for (int i = 0; i < 32; ++i) {
+    DevPtr p = 0;
+    ASSERT_EQ(pool.allocate(0, 2 * MiB, s, &p), Status::ok);
+    small.push_back(p);
+  }
+  DevPtr ends_phase = 0;
+  ASSERT_EQ(pool.allocate(0, 48 * MiB, s, &ends_phase), Status::ok);
+  for (DevPtr p : small) ASSERT_EQ(pool.deallocate(p, s), Status::ok);
+  pool.drain_pending(0);  // the small handles lie idle
+
+  dev.sim->fail_nth(SimOp::create, 1);  // the consolidation's first create
+  const std::size_t before = pool.stats(0).handles;
+  DevPtr big = 0;
+  ASSERT_EQ(pool.allocate(0, 512 * MiB, s, &big), Status::ok);
+  const std::size_t fresh_handles = pool.stats(0).handles - before;
+  EXPECT_GE(fresh_handles, (512 - 64) * MiB / c.max_handle)
+      << "the plan made again after the refused create took large handles for a stream";
+  stamp(dev, big, 512 * MiB, 31);
+  EXPECT_TRUE(check(dev, big, 512 * MiB, 31));
+  EXPECT_EQ(pool.validate(0), "");
+  ASSERT_EQ(pool.deallocate(big, s), Status::ok);
+  ASSERT_EQ(pool.deallocate(ends_phase, s), Status::ok);
+}
+
 // reclaim:ordered: the reclaimer thread waits for the device, but freed large blocks become free
 // only where inline mode fences, so a program's calls get inline's answers (and replay's figures)
 // whenever the device's fences take, here 2 ms each, which no allocation waits for under the lock.
