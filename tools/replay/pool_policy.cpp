@@ -100,13 +100,18 @@ class PoolPolicy final : public ReplayPolicy {
     return std::min(s.largest_free_block, usable);
   }
   std::vector<std::pair<std::string, std::uint64_t>> counters(int devices) const override {
-    std::uint64_t hits = 0, fresh = 0, stitches = 0, trims = 0;
+    std::uint64_t hits = 0, fresh = 0, stitches = 0, trims = 0, fences = 0, waits = 0;
     for (int d = 0; d < devices; ++d) {
       const DeviceStats s = pool_.stats(d);
       hits += s.cache_hits, fresh += s.fresh, stitches += s.stitches, trims += s.trims;
+      fences += s.fence_syncs, waits += s.fence_waits;
     }
+    // fences: device fences the pool made (each a wait for the whole device on the GPU, where
+    // the host runs ahead of it; free on replay's idle simulated device, so only their number
+    // tells their cost).
     std::vector<std::pair<std::string, std::uint64_t>> out = {
-        {"cache_hits", hits}, {"fresh", fresh}, {"stitches", stitches}, {"trims", trims}};
+        {"cache_hits", hits}, {"fresh", fresh},   {"stitches", stitches},
+        {"trims", trims},     {"fences", fences}, {"fence_waits", waits}};
     for (auto& c : backend_->cost().counters()) out.push_back(std::move(c));
     if (explain_peak_) explain(devices, &out);
     return out;

@@ -1,7 +1,8 @@
 // Replay's driver-cost model: what each call through CostedBackend is charged (the figures of
 // driver_cost.h, measured on an idle H200), above all that cuMemSetAccess is charged per handle
 // mapped in its range, not per call; and the split of the driver counters into the trace's second
-// half, a training trace's later steps, where most of the pool's growth is behind it.
+// half, a training trace's later steps, where most of the pool's growth is behind it; and the
+// pool's fences, which replay's idle device makes free but whose number tells their cost on a GPU.
 #include <gtest/gtest.h>
 
 #include <gpustitch/sim_backend.h>
@@ -131,4 +132,26 @@ TEST(ReplaySecondHalf, CountsOnlyTheLaterEventsDriverCalls) {
               counter(more.counters, "driver_us"))
         << name;
   }
+}
+
+TEST(ReplayFences, ACudaFreesMemoryIsReusedAfterAFenceAStreamsOwnAtOnce) {
+  // Allocate, free, allocate the same size again: with cudaFree semantics the freed block waits
+  // for a fence before the second allocation can reuse it; on one stream it is reused at once.
+  auto run = [](Stream stream) {
+    trace::Trace t;
+    for (std::uint64_t ptr : {0xA000u, 0xB000u}) {
+      trace::TraceEvent a = event(TraceAction::allocate, ptr, 64 * MiB);
+      trace::TraceEvent f = event(TraceAction::free, ptr, 64 * MiB);
+      a.stream = f.stream = stream;
+      t.events.push_back(a);
+      t.events.push_back(f);
+    }
+    return replay_with("gpustitch", t);
+  };
+  const ReplayResult freed = run(kAnyStream);
+  EXPECT_GE(counter(freed.counters, "fences"), 1u);
+  EXPECT_LT(freed.peak_reserved, 2 * 64 * MiB) << "the second allocation reused the first's memory";
+  const ReplayResult streamed = run(0x10);
+  EXPECT_EQ(counter(streamed.counters, "fences"), 0u);
+  EXPECT_LT(streamed.peak_reserved, 2 * 64 * MiB);
 }
