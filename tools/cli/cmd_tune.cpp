@@ -159,6 +159,8 @@ int run_tune(const TuneArgs& a, const GlobalOptions& g) {
           {"idle_cache_at_peak", r.at_capacity.frag_at_peak},
           {"relative_cost", r.relative_cost},
           {"ns_per_op", r.at_capacity.ns_per_op}};
+      for (const auto& [name, value] : r.at_capacity.counters)
+        if (name == "driver_us") row["driver_us"] = value;
       if (r.min_capacity == 0) row["min_capacity_above_bytes"] = r.largest_tried;
       if (r.at_capacity.unusable_at_peak >= 0)
         row["unusable_free_at_peak"] = r.at_capacity.unusable_at_peak;
@@ -209,25 +211,30 @@ int run_tune(const TuneArgs& a, const GlobalOptions& g) {
   int width = 8;
   for (const auto& r : rep.rows)
     width = std::max(width, static_cast<int>(r.setting.label.size()) + 2);
-  std::printf("%-*s %13s %13s %7s %6s %8s %5s\n", width, "setting", "peak reserved", "min device",
-              "OOMs", "idle", "unusable", "cost");
+  std::printf("%-*s %13s %13s %7s %6s %8s %9s\n", width, "setting", "peak reserved", "min device",
+              "OOMs", "idle", "unusable", "driver");
   for (std::size_t i = 0; i < rep.rows.size(); ++i) {
     const auto& r = rep.rows[i];
     std::string label = r.setting.label + (i == ans.recommended ? " *" : "");
     char unusable[16] = "n/a";
     if (r.at_capacity.unusable_at_peak >= 0)
       std::snprintf(unusable, sizeof unusable, "%.1f%%", r.at_capacity.unusable_at_peak * 100);
-    std::printf("%-*s %13s %13s %7llu %5.1f%% %8s %5.2f\n", width, label.c_str(),
+    char driver[24] = "n/a";
+    for (const auto& [name, value] : r.at_capacity.counters)
+      if (name == "driver_us")
+        std::snprintf(driver, sizeof driver, "%.0f ms", static_cast<double>(value) / 1000.0);
+    std::printf("%-*s %13s %13s %7llu %5.1f%% %8s %9s\n", width, label.c_str(),
                 gib(r.at_capacity.peak_reserved).c_str(),
                 r.min_capacity ? gib(r.min_capacity).c_str() : "none",
                 static_cast<unsigned long long>(r.at_capacity.ooms),
-                r.at_capacity.frag_at_peak * 100, unusable, r.relative_cost);
+                r.at_capacity.frag_at_peak * 100, unusable, driver);
   }
   std::printf(
       "min device: smallest capacity without OOM, by bisection to within %.0f MiB; idle: idle "
       "cache, 1 - allocated/reserved at peak reserved; unusable: unusable free memory, free but "
-      "not allocatable as one block at peak reserved; cost: time per allocation relative to "
-      "the default's model (%.1f s)\n",
+      "not allocatable as one block at peak reserved; driver: what the setting's calls into the "
+      "driver's memory API (cudaMalloc/cudaFree, or cuMemCreate/Map/SetAccess/Unmap/Release) "
+      "would cost over the whole trace on an idle H200 (the sweep took %.1f s)\n",
       static_cast<double>(rep.resolution) / (1024.0 * 1024.0), seconds);
   std::printf("recommended: PYTORCH_CUDA_ALLOC_CONF=%s%s\n", ans.alloc_conf.c_str(),
               ans.alloc_conf.empty() ? "  (leave it unset)" : "");

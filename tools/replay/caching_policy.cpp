@@ -93,6 +93,7 @@ CachingAllocatorModel::Block* CachingAllocatorModel::new_segment(std::size_t siz
   reserved_ += size;
   peak_reserved_ = std::max(peak_reserved_, reserved_);
   ++segments_;
+  cost_.cuda_malloc(size);
   return b;
 }
 
@@ -100,6 +101,7 @@ void CachingAllocatorModel::release_segment(FreeSet& pool, Block* b) {
   pool.erase(b);
   reserved_ -= b->size;
   --segments_;
+  cost_.cuda_free(b->size);
   delete b;
 }
 
@@ -248,6 +250,13 @@ bool CachingPolicy::allocate(int device, std::size_t size, Stream stream, std::u
 void CachingPolicy::deallocate(int device, std::uint64_t handle, std::size_t, Stream) {
   if (device < 0 || device >= static_cast<int>(devices_.size())) return;
   devices_[static_cast<std::size_t>(device)]->free(handle);
+}
+
+std::vector<std::pair<std::string, std::uint64_t>> CachingPolicy::counters(int devices) const {
+  DriverCost cost;
+  for (int d = 0; d < devices && d < static_cast<int>(devices_.size()); ++d)
+    cost += devices_[static_cast<std::size_t>(d)]->cost();
+  return cost.counters();
 }
 
 std::uint64_t CachingPolicy::reserved(int device) const {

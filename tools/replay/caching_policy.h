@@ -31,6 +31,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "driver_cost.h"
 #include "policy.h"
 
 namespace gpustitch::replay {
@@ -56,6 +57,8 @@ class CachingAllocatorModel {
   std::uint64_t peak_reserved() const noexcept { return peak_reserved_; }
   std::uint64_t allocated() const noexcept { return allocated_; }  // rounded sizes of live blocks
   std::uint64_t segments() const noexcept { return segments_; }
+  // What its segments' cudaMalloc and cudaFree calls would cost on the GPU (driver_cost.h).
+  const DriverCost& cost() const noexcept { return cost_; }
   // The largest cached block one request could be served from (any stream, either pool).
   std::uint64_t largest_free_block() const noexcept;
   std::uint64_t gc_releases() const noexcept { return gc_releases_; }
@@ -109,6 +112,7 @@ class CachingAllocatorModel {
   std::unordered_map<std::uint64_t, Block*> live_;
   std::uint64_t next_addr_ = 1ull << 40;
   std::uint64_t reserved_ = 0, peak_reserved_ = 0, allocated_ = 0, segments_ = 0;
+  DriverCost cost_;
 };
 
 class CachingPolicy final : public ReplayPolicy {
@@ -121,6 +125,8 @@ class CachingPolicy final : public ReplayPolicy {
   std::uint64_t reserved(int device) const override;
   std::uint64_t peak_reserved(int device) const override;
   std::uint64_t largest_free_block(int device) const override;
+  // The driver counters of its segments' calls (driver_cost.h), summed over devices.
+  std::vector<std::pair<std::string, std::uint64_t>> counters(int devices) const override;
 
  private:
   std::string name_;

@@ -28,12 +28,23 @@ void DriverCost::set_access_handle(std::size_t bytes) noexcept {
   us += 27.0 + 0.063 * static_cast<double>(bytes) / kMiB;
 }
 
+void DriverCost::cuda_malloc(std::size_t bytes) noexcept {
+  ++mallocs;
+  us += 47.0 + 0.14 * static_cast<double>(bytes) / kMiB;
+}
+void DriverCost::cuda_free(std::size_t bytes) noexcept {
+  ++frees;
+  us += 40.0 + 0.7 * static_cast<double>(bytes) / kMiB;
+}
+
 std::vector<std::pair<std::string, std::uint64_t>> DriverCost::counters() const {
   return {{"driver_us", static_cast<std::uint64_t>(us + 0.5)},
           {"driver_creates", creates},
           {"driver_maps", maps},
           {"driver_unmaps", unmaps},
-          {"driver_releases", releases}};
+          {"driver_releases", releases},
+          {"driver_mallocs", mallocs},
+          {"driver_frees", frees}};
 }
 
 Status CostedBackend::create(int device, std::size_t size, PhysHandle* out) noexcept {

@@ -12,6 +12,10 @@
 //                                                            -> 27 us + 0.063 us/MiB per handle
 //   cuMemUnmap    18 us per handle                           -> 18 us
 //   cuMemRelease  14 us (2 MiB), 0.97 ms (2 GiB)             -> 14 us + 0.47 us/MiB
+// and for the policies that model PyTorch's caching allocator, its segments' calls (the same H200
+// and driver, idle device, 2026-11-29; the fits are within 1.5x of each point):
+//   cudaMalloc    46-52 us (2 MiB), 84 us (512 MiB), 0.61 ms (4 GiB) -> 47 us + 0.14 us/MiB
+//   cudaFree      38-44 us (2 MiB), 331 us (512 MiB), 2.9 ms (4 GiB) -> 40 us + 0.7 us/MiB
 // DriverCost adds these up; CostedBackend is a Backend adaptor that counts what passes through
 // it (set_access is charged per handle mapped in its range, as the driver charges it).
 #pragma once
@@ -31,16 +35,19 @@ namespace gpustitch::replay {
 
 struct DriverCost {
   std::uint64_t creates = 0, releases = 0, maps = 0, unmaps = 0, access_handles = 0;
-  double us = 0;  // modelled time in driver calls, idle device
+  std::uint64_t mallocs = 0, frees = 0;  // cudaMalloc / cudaFree of whole segments
+  double us = 0;                         // modelled time in driver calls, idle device
 
   void create(std::size_t bytes) noexcept;
   void release(std::size_t bytes) noexcept;
   void map() noexcept;
   void unmap() noexcept;
   void set_access_handle(std::size_t bytes) noexcept;  // once per handle in the range
+  void cuda_malloc(std::size_t bytes) noexcept;
+  void cuda_free(std::size_t bytes) noexcept;
   DriverCost& operator+=(const DriverCost& o) noexcept {
     creates += o.creates, releases += o.releases, maps += o.maps, unmaps += o.unmaps;
-    access_handles += o.access_handles, us += o.us;
+    access_handles += o.access_handles, mallocs += o.mallocs, frees += o.frees, us += o.us;
     return *this;
   }
 

@@ -155,3 +155,30 @@ TEST(ReplayFences, ACudaFreesMemoryIsReusedAfterAFenceAStreamsOwnAtOnce) {
   EXPECT_EQ(counter(streamed.counters, "fences"), 0u);
   EXPECT_LT(streamed.peak_reserved, 2 * 64 * MiB);
 }
+
+TEST(CachingModelCost, ChargesACudaMallocPerSegmentAndACudaFreePerSegmentGivenBack) {
+  // PyTorch's caching allocator calls cudaMalloc for a new segment only, and cudaFree only when
+  // it gives segments back (here: before retrying a request that does not fit beside its cache).
+  auto run = [](std::initializer_list<std::pair<std::uint64_t, std::uint64_t>> allocs) {
+    trace::Trace t;
+    for (const auto& [ptr, size] : allocs) {
+      t.events.push_back(event(TraceAction::allocate, ptr, size));
+      t.events.push_back(event(TraceAction::free, ptr, size));
+    }
+    PolicyEnv env;
+    env.capacity = 2 * GiB;
+    std::string why;
+    auto policy = find_policy("pytorch")->make(env, &why);
+    return replay_trace(t, *policy);
+  };
+  const ReplayResult reused = run({{0xA000, 100 * MiB}, {0xB000, 100 * MiB}});
+  EXPECT_EQ(counter(reused.counters, "driver_mallocs"), 1u) << "the second is served by the cache";
+  EXPECT_EQ(counter(reused.counters, "driver_frees"), 0u);
+  EXPECT_EQ(counter(reused.counters, "driver_us"), 61u);  // 47 us + 0.14 us/MiB
+
+  const ReplayResult given_back = run({{0xA000, 1536 * MiB}, {0xB000, 1843 * MiB}});
+  EXPECT_EQ(given_back.ooms, 0u);
+  EXPECT_EQ(counter(given_back.counters, "driver_mallocs"), 2u);
+  EXPECT_EQ(counter(given_back.counters, "driver_frees"), 1u) << "the cached 1.5 GiB given back";
+  EXPECT_GT(counter(given_back.counters, "driver_us"), 1000u);  // cudaFree of 1.5 GiB ~1.1 ms
+}
