@@ -12,11 +12,14 @@
 #include "driver_cost.h"
 #include "gpustitch/trace/trace_reader.h"
 #include "policy.h"
+#include "replay_test_util.h"
 #include "replayer.h"
 
 using namespace gpustitch;
 using namespace gpustitch::replay;
 using trace::TraceAction;
+
+using gpustitch::replay::test::event;
 
 namespace {
 
@@ -28,24 +31,8 @@ std::uint64_t counter(const std::vector<std::pair<std::string, std::uint64_t>>& 
   return 0;
 }
 
-trace::TraceEvent event(TraceAction a, std::uint64_t ptr, std::uint64_t size) {
-  trace::TraceEvent e;
-  e.action = a;
-  e.ptr = ptr;
-  e.size = size;
-  e.stream = kAnyStream;
-  return e;
-}
-
 ReplayResult replay_with(const std::string& name, const trace::Trace& t) {
-  PolicyEnv env;
-  env.capacity = 8 * GiB;
-  const PolicySpec* spec = find_policy(name);
-  EXPECT_NE(spec, nullptr) << name;
-  std::string why;
-  auto policy = spec->make(env, &why);
-  EXPECT_NE(policy, nullptr) << why;
-  return replay_trace(t, *policy);
+  return gpustitch::replay::test::replay_with(name, t, 8 * GiB);
 }
 
 }  // namespace

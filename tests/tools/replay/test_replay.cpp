@@ -16,36 +16,15 @@
 #include "gpustitch/trace/trace_reader.h"
 #include "gpustitch/trace/trace_writer.h"
 #include "policy.h"
+#include "replay_test_util.h"
 #include "replayer.h"
 
 using namespace gpustitch;
 using namespace gpustitch::replay;
 using trace::TraceAction;
 
-namespace {
-
-trace::TraceEvent event(TraceAction a, std::uint64_t ptr, std::uint64_t size) {
-  trace::TraceEvent e;
-  e.action = a;
-  e.ptr = ptr;
-  e.size = size;
-  e.stream = kAnyStream;
-  return e;
-}
-
-ReplayResult replay_with(const std::string& name, const trace::Trace& t, std::size_t capacity) {
-  PolicyEnv env;
-  env.devices = t.device_count();
-  env.capacity = capacity;
-  const PolicySpec* spec = find_policy(name);
-  EXPECT_NE(spec, nullptr) << name;
-  std::string why;
-  auto policy = spec->make(env, &why);
-  EXPECT_NE(policy, nullptr) << why;
-  return replay_trace(t, *policy);
-}
-
-}  // namespace
+using gpustitch::replay::test::event;
+using gpustitch::replay::test::replay_with;
 
 TEST(Replay, CountsOutOfMemoryAndSkipsTheFreesOfFailedAllocations) {
   trace::Trace t;
