@@ -301,18 +301,28 @@ int run_replay(const ReplayArgs& a, const GlobalOptions& g) {
       };
       const std::uint64_t us = get(r.counters, "driver_us");
       if (us == UINT64_MAX) continue;
-      std::printf(
-          "%s: driver calls %.1f ms on an idle H200's costs (%llu creates, %llu maps, %llu "
-          "unmaps, %llu releases)",
-          r.policy.c_str(), static_cast<double>(us) / 1000.0,
-          static_cast<unsigned long long>(get(r.counters, "driver_creates")),
-          static_cast<unsigned long long>(get(r.counters, "driver_maps")),
-          static_cast<unsigned long long>(get(r.counters, "driver_unmaps")),
-          static_cast<unsigned long long>(get(r.counters, "driver_releases")));
+      std::printf("%s: driver calls %.1f ms on an idle H200's costs (", r.policy.c_str(),
+                  static_cast<double>(us) / 1000.0);
+      static constexpr std::pair<const char*, const char*> kCalls[] = {
+          {"driver_mallocs", "cudaMalloc"}, {"driver_frees", "cudaFree"},
+          {"driver_creates", "creates"},    {"driver_maps", "maps"},
+          {"driver_unmaps", "unmaps"},      {"driver_releases", "releases"}};
+      const char* sep = "";
+      for (const auto& [key, what] : kCalls) {
+        const std::uint64_t n = get(r.counters, key);
+        if (n == 0 || n == UINT64_MAX) continue;
+        std::printf("%s%llu %s", sep, static_cast<unsigned long long>(n), what);
+        sep = ", ";
+      }
+      std::printf("%s)", *sep ? "" : "no calls");
       const std::uint64_t later = get(r.second_half, "driver_us_second_half");
       if (later != UINT64_MAX)
         std::printf(", %.1f ms of it in the second half of the events",
                     static_cast<double>(later) / 1000.0);
+      const std::uint64_t fences = get(r.counters, "fences");
+      if (fences != UINT64_MAX)
+        std::printf("; %llu device fences (free on this simulated device, a wait on a GPU)",
+                    static_cast<unsigned long long>(fences));
       std::printf("\n");
     }
     for (const auto& r : results) {

@@ -117,6 +117,31 @@ TEST(ReplayCli, WholeHandlesAndPoolSettings) {
   EXPECT_NE(out.find("segment_mb"), std::string::npos) << out;
 }
 
+// The text report says what each policy's driver calls would cost on a GPU, by kind (PyTorch's
+// model: cudaMalloc per segment; the VMM policies: creates and maps), how much of it falls in the
+// trace's second half, and gpustitch's device fences.
+TEST(ReplayCli, TextReportHasEachPolicysDriverCalls) {
+  const std::string trace = std::string(GPUSTITCH_TRACES) + "/transformer_dynseq.csv";
+  int rc = 0;
+  const std::string out = run(std::string(GPUSTITCH_CLI) + " replay " + trace +
+                                  " --whole-handles --policy pytorch,expandable-segments,gpustitch",
+                              &rc);
+  ASSERT_EQ(rc, 0) << out;
+  auto line_of = [&](const std::string& policy) {
+    const auto at = out.find("\n" + policy + ": driver calls ");
+    return at == std::string::npos ? std::string()
+                                   : out.substr(at + 1, out.find('\n', at + 1) - at - 1);
+  };
+  const std::string torch = line_of("pytorch"), expandable = line_of("expandable-segments"),
+                    ours = line_of("gpustitch");
+  EXPECT_NE(torch.find(" cudaMalloc)"), std::string::npos) << out;
+  EXPECT_EQ(torch.find("creates"), std::string::npos) << torch;
+  EXPECT_NE(expandable.find(" creates, "), std::string::npos) << out;
+  EXPECT_NE(ours.find(" unmaps"), std::string::npos) << out;
+  EXPECT_NE(ours.find("of it in the second half"), std::string::npos) << ours;
+  EXPECT_NE(ours.find(" device fences"), std::string::npos) << ours;
+}
+
 // --explain-peak accounts for every byte the pool held at its peak (live, free, waiting for a
 // fence, small chunks, spare handles), in JSON and in the text report; other policies get none.
 TEST(ReplayCli, ExplainPeakAccountsForEveryReservedByte) {
