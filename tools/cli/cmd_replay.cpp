@@ -294,42 +294,33 @@ int run_replay(const ReplayArgs& a, const GlobalOptions& g) {
     }
     if (!min_caps.empty()) std::printf("(smallest device: bisection to within 64 MiB)\n");
     for (const auto& r : results) {
-      auto get = [](const auto& counters, std::string_view key) -> std::uint64_t {
-        for (const auto& [name, value] : counters)
-          if (name == key) return value;
-        return UINT64_MAX;
-      };
-      const std::uint64_t us = get(r.counters, "driver_us");
-      if (us == UINT64_MAX) continue;
+      const auto us = find_counter(r.counters, "driver_us");
+      if (!us) continue;
       std::printf("%s: driver calls %.1f ms on an idle H200's costs (", r.policy.c_str(),
-                  static_cast<double>(us) / 1000.0);
+                  static_cast<double>(*us) / 1000.0);
       static constexpr std::pair<const char*, const char*> kCalls[] = {
           {"driver_mallocs", "cudaMalloc"}, {"driver_frees", "cudaFree"},
           {"driver_creates", "creates"},    {"driver_maps", "maps"},
           {"driver_unmaps", "unmaps"},      {"driver_releases", "releases"}};
       const char* sep = "";
       for (const auto& [key, what] : kCalls) {
-        const std::uint64_t n = get(r.counters, key);
-        if (n == 0 || n == UINT64_MAX) continue;
+        const std::uint64_t n = find_counter(r.counters, key).value_or(0);
+        if (n == 0) continue;
         std::printf("%s%llu %s", sep, static_cast<unsigned long long>(n), what);
         sep = ", ";
       }
       std::printf("%s)", *sep ? "" : "no calls");
-      const std::uint64_t later = get(r.second_half, "driver_us_second_half");
-      if (later != UINT64_MAX)
+      if (const auto later = find_counter(r.second_half, "driver_us_second_half"))
         std::printf(", %.1f ms of it in the second half of the events",
-                    static_cast<double>(later) / 1000.0);
-      const std::uint64_t fences = get(r.counters, "fences");
-      if (fences != UINT64_MAX)
+                    static_cast<double>(*later) / 1000.0);
+      if (const auto fences = find_counter(r.counters, "fences"))
         std::printf("; %llu device fences (free on this simulated device, a wait on a GPU)",
-                    static_cast<unsigned long long>(fences));
+                    static_cast<unsigned long long>(*fences));
       std::printf("\n");
     }
     for (const auto& r : results) {
-      auto get = [&](std::string_view key) -> std::uint64_t {
-        for (const auto& [name, value] : r.counters)
-          if (name == key) return value;
-        return UINT64_MAX;
+      auto get = [&](std::string_view key) {
+        return find_counter(r.counters, key).value_or(UINT64_MAX);
       };
       if (get("peak_live_bytes") == UINT64_MAX) continue;
       auto mib = [](std::uint64_t b) {

@@ -159,8 +159,7 @@ int run_tune(const TuneArgs& a, const GlobalOptions& g) {
           {"idle_cache_at_peak", r.at_capacity.frag_at_peak},
           {"relative_cost", r.relative_cost},
           {"ns_per_op", r.at_capacity.ns_per_op}};
-      for (const auto& [name, value] : r.at_capacity.counters)
-        if (name == "driver_us") row["driver_us"] = value;
+      if (const auto us = find_counter(r.at_capacity.counters, "driver_us")) row["driver_us"] = *us;
       if (r.min_capacity == 0) row["min_capacity_above_bytes"] = r.largest_tried;
       if (r.at_capacity.unusable_at_peak >= 0)
         row["unusable_free_at_peak"] = r.at_capacity.unusable_at_peak;
@@ -220,9 +219,8 @@ int run_tune(const TuneArgs& a, const GlobalOptions& g) {
     if (r.at_capacity.unusable_at_peak >= 0)
       std::snprintf(unusable, sizeof unusable, "%.1f%%", r.at_capacity.unusable_at_peak * 100);
     char driver[24] = "n/a";
-    for (const auto& [name, value] : r.at_capacity.counters)
-      if (name == "driver_us")
-        std::snprintf(driver, sizeof driver, "%.0f ms", static_cast<double>(value) / 1000.0);
+    if (const auto us = find_counter(r.at_capacity.counters, "driver_us"))
+      std::snprintf(driver, sizeof driver, "%.0f ms", static_cast<double>(*us) / 1000.0);
     std::printf("%-*s %13s %13s %7llu %5.1f%% %8s %9s\n", width, label.c_str(),
                 gib(r.at_capacity.peak_reserved).c_str(),
                 r.min_capacity ? gib(r.min_capacity).c_str() : "none",

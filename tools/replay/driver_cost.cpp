@@ -4,16 +4,19 @@
 namespace gpustitch::replay {
 
 namespace {
-constexpr double kMiB = 1024.0 * 1024.0;
+// A call's modelled time: a fixed part and a part per MiB it creates, frees or maps.
+double call_us(double fixed_us, double us_per_mib, std::size_t bytes) noexcept {
+  return fixed_us + us_per_mib * static_cast<double>(bytes) / (1024.0 * 1024.0);
 }
+}  // namespace
 
 void DriverCost::create(std::size_t bytes) noexcept {
   ++creates;
-  us += 12.0 + 0.086 * static_cast<double>(bytes) / kMiB;
+  us += call_us(12.0, 0.086, bytes);
 }
 void DriverCost::release(std::size_t bytes) noexcept {
   ++releases;
-  us += 14.0 + 0.47 * static_cast<double>(bytes) / kMiB;
+  us += call_us(14.0, 0.47, bytes);
 }
 void DriverCost::map() noexcept {
   ++maps;
@@ -25,16 +28,16 @@ void DriverCost::unmap() noexcept {
 }
 void DriverCost::set_access_handle(std::size_t bytes) noexcept {
   ++access_handles;
-  us += 27.0 + 0.063 * static_cast<double>(bytes) / kMiB;
+  us += call_us(27.0, 0.063, bytes);
 }
 
 void DriverCost::cuda_malloc(std::size_t bytes) noexcept {
   ++mallocs;
-  us += 47.0 + 0.14 * static_cast<double>(bytes) / kMiB;
+  us += call_us(47.0, 0.14, bytes);
 }
 void DriverCost::cuda_free(std::size_t bytes) noexcept {
   ++frees;
-  us += 40.0 + 0.7 * static_cast<double>(bytes) / kMiB;
+  us += call_us(40.0, 0.7, bytes);
 }
 
 std::vector<std::pair<std::string, std::uint64_t>> DriverCost::counters() const {

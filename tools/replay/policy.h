@@ -16,7 +16,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -59,6 +61,14 @@ class ReplayPolicy {
     return {};
   }
 };
+
+// The value of the counter named key in a policy's counters, or nothing when it keeps none.
+inline std::optional<std::uint64_t> find_counter(
+    const std::vector<std::pair<std::string, std::uint64_t>>& counters, std::string_view key) {
+  for (const auto& [name, value] : counters)
+    if (name == key) return value;
+  return std::nullopt;
+}
 
 struct PolicyEnv {
   int devices = 1;

@@ -30,9 +30,7 @@ std::vector<std::pair<std::string, std::uint64_t>> second_half_driver_counters(
   std::vector<std::pair<std::string, std::uint64_t>> out;
   for (const auto& [name, end] : at_end) {
     if (!name.starts_with("driver_")) continue;
-    std::uint64_t mid = 0;
-    for (const auto& [n, v] : at_midpoint)
-      if (n == name) mid = v;
+    const std::uint64_t mid = find_counter(at_midpoint, name).value_or(0);
     out.emplace_back(name + "_second_half", end - std::min(end, mid));
   }
   return out;

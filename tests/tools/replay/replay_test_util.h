@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <string_view>
 
 #include "gpustitch/trace/trace_reader.h"
 #include "policy.h"
@@ -20,6 +21,14 @@ inline trace::TraceEvent event(trace::TraceAction a, std::uint64_t ptr, std::uin
   e.size = size;
   e.stream = kAnyStream;
   return e;
+}
+
+// The counter named name in a replay's counters; a test failure where the policy has none.
+inline std::uint64_t counter(const std::vector<std::pair<std::string, std::uint64_t>>& counters,
+                             std::string_view name) {
+  const auto value = find_counter(counters, name);
+  if (!value) ADD_FAILURE() << "no counter " << name;
+  return value.value_or(0);
 }
 
 inline ReplayResult replay_with(const std::string& name, const trace::Trace& t,

@@ -19,17 +19,10 @@ using namespace gpustitch;
 using namespace gpustitch::replay;
 using trace::TraceAction;
 
+using gpustitch::replay::test::counter;
 using gpustitch::replay::test::event;
 
 namespace {
-
-std::uint64_t counter(const std::vector<std::pair<std::string, std::uint64_t>>& counters,
-                      std::string_view name) {
-  for (const auto& [n, v] : counters)
-    if (n == name) return v;
-  ADD_FAILURE() << "no counter " << name;
-  return 0;
-}
 
 ReplayResult replay_with(const std::string& name, const trace::Trace& t) {
   return gpustitch::replay::test::replay_with(name, t, 8 * GiB);

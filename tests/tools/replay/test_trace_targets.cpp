@@ -22,6 +22,7 @@
 
 #include "gpustitch/trace/trace_reader.h"
 #include "policy.h"
+#include "replay_test_util.h"
 #include "replayer.h"
 
 namespace gpustitch::replay {
@@ -179,12 +180,7 @@ TEST(StreamOrder, TheDefaultsStreamCutsMakeNoFences) {
     const ReplayResult defaults = replay("gpustitch", streamed, 140 * GiB, "");
     const ReplayResult no_cut_fences =
         replay("gpustitch", streamed, 140 * GiB, "stream_cut_fence:off");
-    auto fences = [](const ReplayResult& r) {
-      for (const auto& [n, v] : r.counters)
-        if (n == "fences") return v;
-      ADD_FAILURE() << "no fences counter";
-      return std::uint64_t{0};
-    };
+    auto fences = [](const ReplayResult& r) { return test::counter(r.counters, "fences"); };
     EXPECT_GT(fences(defaults), 0u) << name;
     EXPECT_EQ(fences(defaults), fences(no_cut_fences)) << name << ": a stream's cut fenced";
     EXPECT_EQ(defaults.peak_reserved, no_cut_fences.peak_reserved) << name;
