@@ -21,6 +21,7 @@
 #             TORCH "nocache" sets PYTORCH_NO_CUDA_MEMORY_CACHING=1 instead (PyTorch's cache off)
 #
 # Prints one JSON line per run (the workload's own line plus "config", "workload", "round").
+# tools/gpu/memory_table.py turns those lines into README's table (ratios within each round).
 # Configurations: pytorch (default caching allocator), expandable (expandable_segments:True),
 # async (backend:cudaMallocAsync without gpustitch: the route `gpustitch run` gives PyTorch, so
 # that a gpustitch row's speed can be told apart from that of PyTorch's backend), then the
@@ -38,7 +39,7 @@ while [[ $# -gt 0 ]]; do
     --conf) CONFS+=("$2"); shift 2 ;;
     --steps) STEPS=$2; shift 2 ;;
     --warmup) WARMUP=$2; shift 2 ;;
-    -h | --help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "memory_compare: unknown argument $1" >&2; exit 2 ;;
   esac
 done
