@@ -21,7 +21,7 @@
 #             TORCH "nocache" sets PYTORCH_NO_CUDA_MEMORY_CACHING=1 instead (PyTorch's cache off)
 #
 # Prints one JSON line per run (the workload's own line plus "config", "workload", "round").
-# tools/gpu/memory_table.py turns those lines into README's table (ratios within each round).
+# At the end, README's table of them on stderr (tools/gpu/memory_table.py: ratios within each round).
 # Configurations: pytorch (default caching allocator), expandable (expandable_segments:True),
 # async (backend:cudaMallocAsync without gpustitch: the route `gpustitch run` gives PyTorch, so
 # that a gpustitch row's speed can be told apart from that of PyTorch's backend), then the
@@ -88,13 +88,17 @@ run_one() {  # config workload round
     "$line" "$name" "$wl" "$round" "$conf" "$torch" "$summary"
 }
 
+LINES=$(mktemp)
+trap 'rm -f "$LINES"' EXIT
 for ((r = 0; r < ROUNDS; ++r)); do
   for wl in $WORKLOADS; do
     n=${#NAMES[@]}
     for ((i = 0; i < n; ++i)); do
       name=${NAMES[$(((i + r) % n))]}
       [[ -z $ONLY || $name =~ $ONLY ]] || continue
-      run_one "$name" "$wl" "$r"
+      run_one "$name" "$wl" "$r" | tee -a "$LINES"
     done
   done
 done
+# The table of all rounds, on stderr so that stdout stays one JSON line per run.
+python3 "$ROOT/tools/gpu/memory_table.py" "$LINES" >&2 || true

@@ -94,8 +94,8 @@ def markdown(table):
         lines.append(f"{wl}, rounds {', '.join(str(r) for r in rounds)}:")
         lines.append("")
         lines.append("| configuration | memory (per round) | median | tokens/s (per round) | median "
-                     "| pool's driver ms, timed | waits for the GPU (count, ms) |")
-        lines.append("| --- | --- | --- | --- | --- | --- | --- |")
+                     "| pool's driver ms, timed | waits for the GPU (count, ms) | failed runs |")
+        lines.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
         for name, row in w["configs"].items():
             err = "; ".join(f"round {r}: {e}" for r, e in row["error"].items())
             med_m = f"{row['memory_median']:.3f}" if row["memory_median"] is not None else "-"
@@ -105,7 +105,7 @@ def markdown(table):
                      if row["waits"] else "")
             lines.append(f"| {name} | {cell(row['memory'], rounds, lambda v: f'{v:.3f}')} | "
                          f"{med_m} | {cell(row['speed'], rounds, lambda v: f'{v:.3f}')} | {med_s} "
-                         f"| {drv} | {waits} |" + (f" {err}" if err else ""))
+                         f"| {drv} | {waits} | {err} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -157,9 +157,9 @@ def self_test():
     assert h["gpustitch"]["memory"] == {0: 1.01} and h["gpustitch"]["speed"] == {0: 0.9}, h
     assert h["expandable"]["error"] == {0: "OutOfMemoryError: x"} and not h["expandable"]["memory"]
     md = markdown(t)
-    assert "| gpustitch | 1.020; 1.040; - | 1.030 | 0.950; 1.050; - | 1.000 | 51; -; - | 1 (1); -; - |" \
+    assert "| gpustitch | 1.020; 1.040; - | 1.030 | 0.950; 1.050; - | 1.000 | 51; -; - | 1 (1); -; - |  |" \
         in md, md
-    assert "round 0: OutOfMemoryError" in md, md
+    assert "| round 0: OutOfMemoryError: x |" in md, md
     assert read(['noise', '{"a": 1}', '{broken']) == [{"a": 1}]
     print("memory_table self-test: ok")
 
